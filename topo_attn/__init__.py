@@ -1,0 +1,31 @@
+"""topo_attn: block-sparse causal attention whose key blocks are chosen by 0-dimensional persistent homology.
+
+Without a GPU, set ``TRITON_INTERPRET=1`` before importing topo_attn (or triton) to run the Triton kernel in
+Triton's interpreter on the CPU.
+"""
+
+from .attention import scheduled_attention
+from .persistence import (block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
+                          persistence_barcode, top_salient_blocks)
+from .reference import dense_masked_attention
+from .schedule import BlockSchedule, ScheduleCounts, dense_causal_schedule, num_blocks
+from .topology import schedule_from_salience, topology_schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockSchedule",
+    "ScheduleCounts",
+    "block_centroids",
+    "block_salience",
+    "centroid_distances",
+    "dense_causal_schedule",
+    "dense_masked_attention",
+    "minimum_spanning_tree",
+    "num_blocks",
+    "persistence_barcode",
+    "schedule_from_salience",
+    "scheduled_attention",
+    "top_salient_blocks",
+    "topology_schedule",
+]

@@ -1,7 +1,7 @@
 """topo_attn: block-sparse causal attention whose key blocks are chosen by 0-dimensional persistent homology.
 
-Without a GPU, set ``TRITON_INTERPRET=1`` before importing topo_attn (or triton) to run the Triton kernel in
-Triton's interpreter on the CPU.
+Without a GPU, set ``TRITON_INTERPRET=1`` in the environment before triton is first imported (topo_attn imports
+it on the first call of ``scheduled_attention``) to run the Triton kernel in Triton's interpreter on the CPU.
 """
 
 from .attention import scheduled_attention

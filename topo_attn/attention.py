@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .kernels.forward import INTERPRETED, scheduled_attention_forward
 from .schedule import BlockSchedule
 from .validation import check_kernel_inputs, check_qkv, check_scale, check_schedule_for
 
@@ -23,6 +22,8 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
     log, float32, ``[S]`` or ``[B, H, S]``). Equal to :func:`dense_masked_attention` up to rounding.
     Not differentiable yet: inputs that require grad raise ``ValueError``."""
+    from .kernels.forward import INTERPRETED, scheduled_attention_forward  # triton is imported on first use
+
     shape = check_qkv(q, k, v)
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)

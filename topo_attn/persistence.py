@@ -71,7 +71,7 @@ def _prim(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for step in range(n - 1):
         # the lightest edge leaving the tree; ties by the (low, high) endpoint pair
         d = best.min()
-        ties = np.flatnonzero(best == d)
+        ties = np.flatnonzero(outside & (best == d))  # tree vertices hold inf too (distances can overflow to inf)
         if ties.size == 1:
             v = int(ties[0])
         else:

@@ -1,0 +1,41 @@
+"""Test set-up: without a GPU, run the real Triton kernel in Triton's interpreter.
+
+``TRITON_INTERPRET=1`` must be in the environment before triton is first imported, so it is set here, before
+any test module imports topo_attn.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _has_cuda_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+if "TRITON_INTERPRET" not in os.environ and not _has_cuda_gpu():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402  (after the environment is set)
+
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+@pytest.fixture
+def device() -> str:
+    """Where kernel tests put their tensors: CUDA with the compiled kernel, else the CPU (interpreter)."""
+    return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="needs a CUDA GPU and the compiled kernel")
+    for item in items:
+        if "cuda" in item.keywords and DEVICE != "cuda":
+            item.add_marker(skip)

@@ -269,8 +269,9 @@ class BlockSchedule:
 
     def to_flex_block_mask(self):
         """A ``torch.nn.attention.flex_attention.BlockMask`` with the same blocks: off-diagonal blocks as
-        full blocks, the diagonal block as a partial block with a causal ``mask_mod``. A shared schedule
-        gives batch and head dimensions of 1 (broadcast by FlexAttention)."""
+        full blocks, the diagonal block as a partial block. Its ``mask_mod`` is the schedule's token mask
+        (scheduled block and causal), so eager FlexAttention, which reads only ``mask_mod``, agrees too. A
+        shared schedule gives batch and head dimensions of 1 (broadcast by FlexAttention)."""
         from torch.nn.attention.flex_attention import BlockMask
 
         if self.transposed:
@@ -288,8 +289,15 @@ class BlockSchedule:
 
         kv_num, kv_idx = ordered(partial)
         full_num, full_idx = ordered(full)
+        size, shared, shared_blocks = self.block_size, self.lanes is None, blocks[0, 0]
+
+        def mask_mod(b, h, q_idx, kv_idx):  # eager FlexAttention reads only this, not the blocks
+            scheduled = (shared_blocks[q_idx // size, kv_idx // size] if shared
+                         else blocks[b, h, q_idx // size, kv_idx // size])
+            return scheduled & _causal_mask_mod(b, h, q_idx, kv_idx)
+
         return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=self.block_size,
-                                        mask_mod=_causal_mask_mod, seq_lengths=(self.seq_len, self.seq_len))
+                                        mask_mod=mask_mod, seq_lengths=(self.seq_len, self.seq_len))
 
     @classmethod
     def from_flex_block_mask(cls, block_mask) -> "BlockSchedule":

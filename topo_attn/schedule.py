@@ -230,16 +230,18 @@ class BlockSchedule:
         mask[self._row_ids(), self.indices.long()] = True
         return mask.view(nb, nb) if self.lanes is None else mask.view(*self.lanes, nb, nb)
 
-    def to_token_mask(self) -> torch.Tensor:
+    def to_token_mask(self, rows: slice | None = None) -> torch.Tensor:
         """Bool ``[S, S]`` (shared) or ``[B, H, S, S]``: query token ``i`` sees key token ``j`` when ``j``'s
-        block is scheduled for ``i``'s block and ``j <= i`` (causal applied inside the diagonal block)."""
+        block is scheduled for ``i``'s block and ``j <= i`` (causal applied inside the diagonal block).
+        ``rows`` restricts the query tokens (``[..., len(rows), S]``), for long sequences."""
         blocks = self.to_block_mask()
         if self.transposed:
             blocks = blocks.transpose(-1, -2)
-        size, seq = self.block_size, self.seq_len
-        tokens = blocks.repeat_interleave(size, dim=-2).repeat_interleave(size, dim=-1)[..., :seq, :seq]
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=self.device).tril_()
-        return tokens & causal
+        seq = self.seq_len
+        q_pos = torch.arange(seq, device=self.device)[rows if rows is not None else slice(None)]
+        k_pos = torch.arange(seq, device=self.device)
+        tokens = blocks[..., q_pos // self.block_size, :].repeat_interleave(self.block_size, dim=-1)[..., :seq]
+        return tokens & (k_pos[None, :] <= q_pos[:, None])
 
     def counts(self) -> ScheduleCounts:
         """Scheduled blocks, causal blocks (``n (n + 1) / 2`` per lane) and the reduction, over all lanes."""

@@ -40,8 +40,8 @@ def _scheduled_attention_fwd(
     RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
 ):
     SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
-    # -- which queries, lane and schedule row this program owns
-    pid_m = tl.program_id(0)
+    # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     lane = tl.program_id(1)
     batch = (lane // num_heads).to(tl.int64)
     head = lane % num_heads
@@ -120,26 +120,28 @@ INTERPRETED: bool = isinstance(_scheduled_attention_fwd, InterpretedFunction)
 
 
 def tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Tile sizes, warps and pipeline depth for a launch. Tiles divide the schedule's block size."""
-    if dtype == torch.float32:
-        block_m, block_n = (64 if head_dim <= 64 else 32), 32
+    """Tile sizes, warps and pipeline depth for a launch; tiles divide the schedule's block size. Chosen by
+    ``python -m topo_attn.kernels.tune`` on an H200 (see NOTES.md)."""
+    if dtype == torch.float32:  # fp32 operands: IEEE dots, twice the bytes per tile
+        block_m, block_n, warps, stages = (64 if head_dim <= 64 else 32), 32, 4, 2
+    elif block_size >= 128 and head_dim <= 128:
+        block_m, block_n, warps, stages = 128, 128, 8, 3
     else:
-        block_m, block_n = (128 if head_dim <= 64 else 64), (64 if head_dim <= 128 else 32)
-    block_m, block_n = min(block_size, block_m), min(block_size, block_n)
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=8 if block_m >= 128 else 4,
-                NUM_STAGES=3 if head_dim <= 128 else 2)
+        block_m, block_n, warps, stages = 64, (64 if head_dim <= 128 else 32), 4, (4 if head_dim <= 128 else 2)
+    return dict(BLOCK_M=min(block_size, block_m), BLOCK_N=min(block_size, block_n), num_warps=warps,
+                NUM_STAGES=stages)
 
 
 def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                                 indices: torch.Tensor, block_size: int, shared: bool, scale: float,
-                                return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                return_lse: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch on validated inputs. q: ``[B, H, S, D]``; k, v: ``[B, H_kv, S, D]`` (any strides);
-    offsets/indices: int32 CSR on q's device. Returns ``out [B, H, S, D]`` (q's dtype) and, if asked,
-    ``lse [B, H, S]`` float32."""
+    offsets/indices: int32 CSR on q's device. ``config`` overrides :func:`tile_config` (for tuning).
+    Returns ``out [B, H, S, D]`` (q's dtype) and, if asked, ``lse [B, H, S]`` float32."""
     batch, heads, seq_len, head_dim = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device) if return_lse else out
-    config = tile_config(block_size, head_dim, q.dtype)
+    config = config or tile_config(block_size, head_dim, q.dtype)
     nb = -(-seq_len // block_size)
     grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
     _scheduled_attention_fwd[grid](

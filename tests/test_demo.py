@@ -1,4 +1,4 @@
-"""The README's main job, ``python -m topo_attn.demo``, runs and checks itself."""
+"""The demo, ``python -m topo_attn.demo``, runs and checks itself."""
 
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ from .persistence import (block_centroids, block_salience, centroid_distances, m
                           persistence_barcode, top_salient_blocks)
 from .reference import dense_masked_attention
 from .schedule import BlockSchedule, ScheduleCounts, dense_causal_schedule, num_blocks
-from .topology import schedule_from_salience, topology_schedule
+from .topology import SOURCE_NAMES, schedule_from_salience, schedule_sources, topology_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SOURCE_NAMES",
     "BlockSchedule",
     "ScheduleCounts",
     "block_centroids",
@@ -25,6 +26,7 @@ __all__ = [
     "num_blocks",
     "persistence_barcode",
     "schedule_from_salience",
+    "schedule_sources",
     "scheduled_attention",
     "top_salient_blocks",
     "topology_schedule",

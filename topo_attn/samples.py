@@ -1,7 +1,10 @@
-"""Deterministic sample keys for demos, notebooks and tests."""
+"""Deterministic sample keys for demos, notebooks and tests, and the key sets stored in ``data/``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 
 
@@ -20,3 +23,27 @@ def clustered_keys(seq_len: int, dim: int, block_size: int = 64, clusters: int =
         block_centre[picks] = 12.0 * torch.randn(len(picks), dim, generator=gen)
     keys = block_centre.repeat_interleave(block_size, dim=0)[:seq_len]
     return keys + torch.randn(seq_len, dim, generator=gen)
+
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+"""The repository's ``data/`` folder, where ``data/make_key_sets.py`` writes the sample key sets."""
+
+
+def key_set_names(data_dir: str | Path | None = None) -> list[str]:
+    """Names of the sample key sets in ``data_dir`` (default :data:`DATA_DIR`): the ``*.npy`` stems, sorted."""
+    return sorted(p.stem for p in Path(data_dir or DATA_DIR).glob("*.npy"))
+
+
+def load_key_set(name: str, data_dir: str | Path | None = None) -> torch.Tensor:
+    """The sample key set ``name``: keys ``[S, D]`` float16 from ``data_dir/<name>.npy`` (see
+    ``data/README.md``)."""
+    path = Path(data_dir or DATA_DIR) / f"{name}.npy"
+    if not path.is_file():
+        raise ValueError(f"no key set {name!r}: {path} does not exist; expected one of "
+                         f"{key_set_names(data_dir)} (python data/make_key_sets.py writes them)")
+    return torch.from_numpy(np.load(path, allow_pickle=False))
+
+
+def load_key_sets(data_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
+    """Every sample key set in ``data_dir``, by name."""
+    return {name: load_key_set(name, data_dir) for name in key_set_names(data_dir)}

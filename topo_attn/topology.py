@@ -1,4 +1,7 @@
-"""``topology_schedule``: sinks + a local window + the top-k most salient key blocks (#22's rule)."""
+"""``topology_schedule``: sinks + a local window + the top-k most salient key blocks (#22's rule).
+
+``schedule_sources`` says, for each scheduled block, which part of the rule put it there.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import torch
 
 from .persistence import block_centroids, block_salience, top_salient_blocks
 from .schedule import BlockSchedule, num_blocks
-from .validation import check_int, check_keys
+from .validation import check_int, check_keys, check_tensor
 
 
 def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
@@ -37,6 +40,37 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     torch.cumsum(counts, dim=0, out=offsets[1:])
     indices = candidates[keep].to(torch.int32)
     return BlockSchedule(offsets, indices, block_size, seq_len, lanes)
+
+
+SKIPPED, SINK, WINDOW, TOPOLOGY = 0, 1, 2, 3
+SOURCE_NAMES = ("skipped", "sink", "window", "topology")  # indexed by the labels above
+
+
+def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
+                     topk: int) -> torch.Tensor:
+    """Why each block of :func:`schedule_from_salience`'s schedule is scheduled, as int8 labels.
+
+    salience: ``[n]`` (shared) or ``[..., n]`` (one per lane, e.g. ``[L, n]`` or ``[B, H, n]``) -> int8
+    ``[..., n, n]`` on the salience's device. ``[..., qb, kb]`` is ``SINK`` (1) when ``kb < sinks``, else
+    ``WINDOW`` (2) when ``qb - window <= kb``, else ``TOPOLOGY`` (3) when ``kb`` is one of the ``topk`` most
+    salient blocks, else ``SKIPPED`` (0); blocks after the query block (``kb > qb``) are ``SKIPPED``. A block
+    that two parts of the rule pick takes the first label in that order. The labelled blocks are exactly the
+    schedule's block mask. ``SOURCE_NAMES[label]`` names a label."""
+    salience = check_tensor("salience", salience)
+    block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
+    window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
+    nb = num_blocks(seq_len, block_size)
+    if salience.ndim == 0 or salience.shape[-1] != nb:
+        raise ValueError(f"salience must have shape [..., {nb}] ({nb} blocks of {block_size} for "
+                         f"seq_len={seq_len}), got shape {tuple(salience.shape)}")
+    lanes = None if salience.ndim == 1 else (salience.numel() // nb, 1)
+    scheduled = schedule_from_salience(salience, block_size, seq_len, window, sinks, topk, lanes).to_block_mask()
+    # every scheduled block that is neither a sink nor in the window was put there by its salience
+    rows = torch.arange(nb, device=salience.device)
+    labels = torch.where(scheduled, TOPOLOGY, SKIPPED)
+    labels = torch.where(scheduled & (rows[None, :] >= rows[:, None] - window), WINDOW, labels)
+    labels = torch.where(scheduled & (rows[None, :] < sinks), SINK, labels).to(torch.int8)
+    return labels.reshape(*salience.shape[:-1], nb, nb)
 
 
 def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: int, topk: int, *,

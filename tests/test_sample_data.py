@@ -1,0 +1,41 @@
+"""The sample key sets in data/: reproduced exactly by data/make_key_sets.py, and loaded by name."""
+
+from __future__ import annotations
+
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from topo_attn import samples
+
+SCRIPT = Path(__file__).resolve().parents[1] / "data" / "make_key_sets.py"
+
+
+def test_script_reproduces_the_committed_files():
+    made = runpy.run_path(str(SCRIPT))["make_key_sets"]()
+    assert sorted(made) == samples.key_set_names() == ["clustered", "long", "outliers"]
+    for name, keys in made.items():
+        committed = samples.load_key_set(name)
+        assert committed.dtype == torch.float16 and committed.ndim == 2
+        assert np.array_equal(keys, committed.numpy()), f"data/{name}.npy differs from what the script makes"
+
+
+def test_script_writes_where_asked(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert samples.key_set_names(tmp_path) == ["clustered", "long", "outliers"]
+    assert torch.equal(samples.load_key_set("clustered", tmp_path), samples.load_key_set("clustered"))
+
+
+def test_load_key_sets_and_unknown_name():
+    sets = samples.load_key_sets()
+    assert {k: tuple(v.shape) for k, v in sets.items()} == {
+        "clustered": (1024, 64), "long": (16384, 16), "outliers": (1024, 64)}
+    with pytest.raises(ValueError, match="no key set 'nope'.*clustered"):
+        samples.load_key_set("nope")

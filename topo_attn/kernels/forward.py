@@ -26,7 +26,7 @@ def _mma_operand(x, UPCAST: tl.constexpr):
     return x
 
 
-@triton.jit(do_not_specialize=["seq_len"])
+@triton.jit(do_not_specialize=["seq_len", "lane_row_stride"])
 def _scheduled_attention_fwd(
     Q, K, V, Out, Lse, Offsets, Indices,
     qk_scale,  # softmax scale * log2(e)

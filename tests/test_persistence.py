@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 
-import gudhi
 import numpy as np
 import pytest
 import scipy.sparse.csgraph
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from elder_reference import all_pairs_salience, kruskal_merges
 from topo_attn import (block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
                        persistence_barcode)
+from topo_attn.gudhi_check import gudhi_barcode
 
 SETTINGS = settings(max_examples=40, deadline=None)
 
@@ -38,13 +38,6 @@ def shuffled(points: np.ndarray, seed: int) -> torch.Tensor:
     """Points in a random order, as a float64 tensor (so ties are not all in index order)."""
     rng = np.random.default_rng(seed)
     return torch.from_numpy(points[rng.permutation(len(points))].astype(np.float64))
-
-
-def gudhi_dim0(points: np.ndarray) -> np.ndarray:
-    """gudhi's dimension-0 Rips persistence diagram ``[n, 2]``, zero-length bars included."""
-    tree = gudhi.RipsComplex(points=points).create_simplex_tree(max_dimension=1)
-    diagram = tree.persistence(min_persistence=-1)
-    return np.array(sorted(pair for dim, pair in diagram if dim == 0), dtype=np.float64).reshape(-1, 2)
 
 
 # ----------------------------------------------------------------------------------------- tie configs
@@ -261,7 +254,7 @@ def check_barcode(c: torch.Tensor) -> None:
     assert np.isinf(bars[-1, 1]) and np.isfinite(bars[:-1, 1]).all()
     _, lengths = minimum_spanning_tree(c)
     assert np.array_equal(bars[:-1, 1], np.sort(lengths))
-    ref = gudhi_dim0(c.numpy())
+    ref = gudhi_barcode(c)
     assert ref.shape == (n, 2)
     assert np.isinf(ref[:, 1]).sum() == 1
     assert (ref[:, 0] == 0).all()

@@ -17,7 +17,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_TO_PIP = {"pytorch": "torch"}
-NOT_PACKAGES = {"python", "pip", "tomli"}  # the interpreter, the installer, a Python 3.10 backport
+NOT_PACKAGES = {"python", "pip", "tomli", "topo_attn"}  # the interpreter, the installer, a Python 3.10 backport,
+# the project itself (the test extra pulls in the notebooks extra)
 
 
 def _name(requirement: str) -> str:
@@ -35,6 +36,9 @@ def _pip_names() -> set[str]:
 def _conda_names() -> set[str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     names = {CONDA_TO_PIP.get(_name(d), _name(d)) for d in env["dependencies"] if isinstance(d, str)}
+    # packages that conda-forge lacks come from PyPI through the pip section (the project itself aside)
+    pip_section = [r for d in env["dependencies"] if isinstance(d, dict) for r in d.get("pip", [])]
+    names |= {_name(r) for r in pip_section if not r.startswith("-")}
     return names - NOT_PACKAGES
 
 

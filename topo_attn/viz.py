@@ -323,3 +323,40 @@ def plot_benchmark(rows: Sequence[Mapping] | object, title: str | None = None) -
     if heading:
         fig.suptitle(heading, fontsize=10)
     return fig
+
+
+# ------------------------------------------------------------------------------------------ selection quality
+SELECTOR_STYLES = {"window": ("#7f7f7f", "x", ":"), "random": ("#bcbd22", "v", ":"),
+                   "topology_22": ("#8c564b", "D", "--"), "topology": ("#009e73", "o", "--"),
+                   "centroid": ("#0072b2", "s", "-"), "cluster": ("#cc79a7", "^", "-"),
+                   "cluster_centroid": ("#d55e00", "P", "-"), "oracle": ("#000000", "*", "-")}
+METRIC_LABELS = {"recall": "attention-mass recall (higher is better)", "rel_l2": "relative L2 error of the output",
+                 "cos_err": "1 - cosine of the output", "lse_err": "log-sum-exp error (nats)"}
+
+
+def plot_selection_quality(rows: Sequence[Mapping] | object, metrics: Sequence[str] = ("recall", "rel_l2"),
+                           title: str | None = None) -> Figure:
+    """Selection-quality rows (dicts or a DataFrame with ``selector``, ``budget`` and the metric columns, as
+    :func:`topo_attn.quality.compare_selectors` gives; several rows per selector and budget, e.g. one per
+    lane, are averaged): each metric against the budget (extra blocks per row), one line per selector."""
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
+    if not records:
+        raise ValueError("rows is empty: nothing to plot")
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 3.8), squeeze=False,
+                             layout="constrained")
+    selectors = list(dict.fromkeys(r["selector"] for r in records))
+    for ax, metric in zip(axes[0], metrics):
+        for name in selectors:
+            sel = [r for r in records if r["selector"] == name]
+            budgets = sorted({int(r["budget"]) for r in sel})
+            y = [np.mean([float(r[metric]) for r in sel if int(r["budget"]) == b]) for b in budgets]
+            color, marker, ls = SELECTOR_STYLES.get(name, (None, "o", "-"))
+            ax.plot(budgets, y, color=color, marker=marker, ls=ls, label=name)
+        ax.set_xlabel("budget (extra key blocks per query block)")
+        ax.set_ylabel(METRIC_LABELS.get(metric, metric))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -46,6 +46,10 @@ class ScheduleExplorer:
         self.output = w.Output()
         self.widget = w.VBox([w.HBox([self.key_set, self.block_size]), w.HBox([self.sinks, self.window, self.topk]),
                               self.stats, self.output])
+        # stable hooks for the browser test (tests/test_explorer_browser.py)
+        self.widget.add_class("topo-attn-explorer")
+        self.stats.add_class("topo-attn-stats")
+        self.output.add_class("topo-attn-mask")
         self.schedule: BlockSchedule | None = None
         self.sources: torch.Tensor | None = None
         self.counts: ScheduleCounts | None = None

@@ -235,3 +235,42 @@ def test_reference_rows_equal_the_full_reference():
     part, part_lse = ta.dense_masked_attention(q, k, v, schedule, return_lse=True, rows=slice(170, 300))
     assert torch.equal(part, full[..., 170:, :]) and torch.equal(part_lse, full_lse[..., 170:])
     assert torch.equal(schedule.to_token_mask(slice(5, 40)), schedule.to_token_mask()[..., 5:40, :])
+
+
+@pytest.mark.parametrize("B, H, H_kv, S, D, block_size, dtype, per_lane", [
+    (1, 2, 1, 200, 128, 64, torch.bfloat16, False),
+    (2, 2, 2, 97, 32, 32, torch.float16, True),
+    (1, 1, 1, 160, 64, 128, torch.float16, False),
+])
+def test_tma_and_pointer_paths_agree(B, H, H_kv, S, D, block_size, dtype, per_lane, device):
+    """Tiles read through TMA descriptors and through pointers give the reference's answer, for partial last
+    blocks (the descriptor pads rows past the sequence with zeros and clips the store), GQA and per-lane rows."""
+    from topo_attn.kernels.forward import scheduled_attention_forward, tile_config, tma_eligible
+
+    q, k, v = _inputs((B, H, S, D), (B, H_kv, S, D), dtype, device, seed=S + D)
+    assert tma_eligible(q, k, v) == (q.device.type == "cpu" or torch.cuda.get_device_capability()[0] >= 9)
+    lanes = (B, H) if per_lane else None
+    schedule = _random_schedule(torch.Generator().manual_seed(S), S, block_size, lanes, device=device)
+    ref = ta.dense_masked_attention(q.double(), k.double(), v.double(), schedule)
+    outs = []
+    for tma in (False, True):
+        config = {**tile_config(block_size, D, dtype), "TMA": tma}
+        out, lse = scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices, block_size,
+                                               schedule.is_shared, D ** -0.5, True, config)
+        _check(out, ref, dtype)
+        outs.append((out, lse))
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_misaligned_inputs_take_the_pointer_path(device):
+    """A view whose strides are not multiples of 16 bytes cannot be a TMA descriptor: the kernel falls back
+    to pointer loads and stays correct."""
+    from topo_attn.kernels.forward import tma_eligible
+
+    gen = torch.Generator().manual_seed(4)
+    base = torch.randn(1, 2, 130, 128 + 1, generator=gen).to(device, torch.bfloat16)
+    q = k = v = base[..., :128]  # row stride 129 elements = 258 bytes
+    assert not tma_eligible(q, k, v)
+    schedule = ta.topology_schedule(k.float(), 64, window=1, sinks=1, topk=1)
+    out = ta.scheduled_attention(q, k, v, schedule)
+    _check(out, ta.dense_masked_attention(q.double(), k.double(), v.double(), schedule), torch.bfloat16)

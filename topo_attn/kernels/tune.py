@@ -23,12 +23,13 @@ SHAPES = [
 
 
 def candidates(block_size: int, head_dim: int):
-    for block_m, block_n, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+    for block_m, block_n, warps, stages, tma in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4),
+                                                                  (False, True)):
         if block_m > block_size or block_n > block_size:
             continue
         if head_dim >= 128 and block_m == 128 and warps == 4:
             continue  # register pressure: 128 x 128 fp32 accumulator on 4 warps spills
-        yield dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, NUM_STAGES=stages)
+        yield dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, NUM_STAGES=stages, TMA=tma)
 
 
 def main(argv: list[str] | None = None) -> None:

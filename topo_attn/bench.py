@@ -1,4 +1,4 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build``.
 
 Times scheduled attention against SDPA's dense causal attention and FlexAttention with the same block mask,
 in one run, on a CUDA GPU. Prints a markdown table and writes JSON (GPU, versions, the exact command, one row
@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from .bench_build import BUILD_LENGTHS, build_markdown, run_build_case
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ SUITES: dict[str, list[Case]] = {
     "llm": [_llm(S, b) for b in (64, 128) for S in (4096, 16384, 32768, 65536)]
     + [_llm(16384, 64, H=16, H_kv=16, D=64), _llm(8192, 64, B=4), _llm(8192, 128, B=4),
        _llm(16384, 128, H_kv=8), _llm(16384, 64, H_kv=8)],
+    # schedule construction next to the attention it serves (topo_attn.bench_build)
+    "build": [_llm(S, b) for b in (64, 128) for S in BUILD_LENGTHS],
 }
 
 PR_COLUMNS = ["seq", "scheduled / dense blocks", "block reduction", "dense masked ms", "full causal SDPA ms",
@@ -191,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, case in enumerate(cases, 1):
         print(f"[{i}/{len(cases)}] {case.name} ...", file=sys.stderr, flush=True)
-        rows.append(run_case(case, args.suite, with_flex=not args.no_flex))
+        if args.suite == "build":
+            rows.append(run_build_case(case, _median_ms))
+        else:
+            rows.append(run_case(case, args.suite, with_flex=not args.no_flex))
         torch.cuda.empty_cache()
-    table = markdown(rows, args.suite)
+    table = build_markdown(rows) if args.suite == "build" else markdown(rows, args.suite)
     print(table)
     command = "python -m topo_attn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,

@@ -155,15 +155,29 @@ def _elder_salience(n: int, edges: np.ndarray, lengths: np.ndarray) -> np.ndarra
 
 
 def block_salience(centroids: torch.Tensor) -> torch.Tensor:
-    """#22's elder-rule salience of each block. centroids: ``[..., n, D]`` -> ``[..., n]`` float64, on the
+    """#22's elder-rule salience of each block. centroids: ``[..., n, D]`` -> ``[..., n]``, on the
     centroids' device.
 
     Kruskal over pairs ordered by ``(distance, i, j)``; when an edge joins two components, every block of
     the smaller one (equal sizes: the one holding ``i``) takes that distance, overwriting earlier values.
-    A block that is never on the smaller side keeps 0; a single block gets 1. Distances are float64."""
+    A block that is never on the smaller side keeps 0; a single block gets 1.
+
+    On the CPU: float64 distances, Prim and the union-find in numpy, one lane after another; the result is
+    float64. On a CUDA device (``n <= 4096``): Triton kernels, all lanes at once
+    (:mod:`topo_attn.kernels.salience`), computed and returned in the centroids' dtype. float64 centroids
+    give the CPU path's trees and saliences (distances may differ in the last bit: the sum of squares is
+    rounded in another order, which changes a schedule only if two distances agree to about 1e-16). With
+    float32 centroids, distances within about ``1e-7 * sqrt(D)`` of each other can swap places, which may
+    change the tree, the saliences and so the schedule where keys nearly tie; random keys do not."""
     centroids = _check_centroids(centroids, batched=True)
     n = centroids.shape[-2]
     flat = centroids.reshape(-1, n, centroids.shape[-1])
+    if centroids.is_cuda and n <= 4096:
+        from .kernels.salience import salience_kernels  # triton is imported on first use
+
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.to(torch.float32)
+        return salience_kernels(flat.contiguous()).reshape(centroids.shape[:-1])
     out = np.empty((flat.shape[0], n))
     for lane in range(flat.shape[0]):
         edges, lengths = _prim(centroid_distances(flat[lane]))

@@ -19,10 +19,21 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     Per query block ``qb``: sink blocks ``0..sinks-1``, the window ``qb-window..qb``, and those of the
     ``topk`` most salient blocks (chosen once per lane, ties to the lower index) that are ``<= qb``;
     sorted and without duplicates. Vectorised over lanes and rows."""
+    block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
+    window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     nb = num_blocks(seq_len, block_size)
+    salience = check_tensor("salience", salience)
+    if salience.ndim == 0 or salience.shape[-1] != nb:
+        raise ValueError(f"salience must have shape [..., {nb}] ({nb} blocks of {block_size} for "
+                         f"seq_len={seq_len}), got shape {tuple(salience.shape)}")
     device = salience.device
     sal = salience.reshape(-1, nb)
     lane_count = sal.shape[0]
+    if lanes is not None:
+        lanes = (check_int("lanes[0]", lanes[0], 1), check_int("lanes[1]", lanes[1], 1))
+    if lane_count != (1 if lanes is None else lanes[0] * lanes[1]):
+        raise ValueError(f"salience holds {lane_count} lanes, but lanes={lanes} needs "
+                         f"{1 if lanes is None else lanes[0] * lanes[1]}")
     sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
     rows = torch.arange(nb, device=device)
     # candidates [L, n, m]: sinks, then the window, then the top-k blocks
@@ -39,7 +50,8 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=device)
     torch.cumsum(counts, dim=0, out=offsets[1:])
     indices = candidates[keep].to(torch.int32)
-    return BlockSchedule(offsets, indices, block_size, seq_len, lanes)
+    # valid by construction (sorted, unique, causal, the diagonal in every row): skip the checks' syncs
+    return BlockSchedule._trusted(offsets, indices, block_size, seq_len, lanes)
 
 
 SKIPPED, SINK, WINDOW, TOPOLOGY = 0, 1, 2, 3
@@ -74,7 +86,8 @@ def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, wind
 
 
 def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: int, topk: int, *,
-                      shared_lane: tuple[int, int] | None = None) -> BlockSchedule:
+                      shared_lane: tuple[int, int] | None = None,
+                      dtype: torch.dtype = torch.float64) -> BlockSchedule:
     """Build a causal block schedule from the topology of the key blocks.
 
     keys: ``[S, D]`` gives a shared schedule; ``[B, H, S, D]`` gives one schedule per lane, or, with
@@ -84,7 +97,14 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
 
     Per query block ``qb``: sinks ``0..sinks-1``, the window ``qb-window..qb`` and the ``topk`` most salient
     blocks (elder-rule salience of the block centroids, :func:`block_salience`) that are ``<= qb``. The
-    schedule lives on the keys' device. ``S`` need not be a multiple of ``block_size``."""
+    schedule lives on the keys' device. ``S`` need not be a multiple of ``block_size``.
+
+    Keys on a CUDA device are handled there from end to end: centroids, distances, minimum spanning trees
+    and saliences of all lanes at once (Triton kernels, up to 4096 blocks), then top-k and the CSR assembly
+    in vectorised torch. ``dtype`` is the precision of centroids and distances: float64 (the default) gives
+    exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
+    blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
+    require grad are detached: the schedule carries no gradient."""
     keys = check_keys(keys)
     block_size = check_int("block_size", block_size, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
@@ -99,6 +119,8 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
             lanes = (keys.shape[0], keys.shape[1])
     elif shared_lane is not None:
         raise ValueError("shared_lane applies only to keys of shape [B, H, S, D]")
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     keys = keys.detach()
-    salience = block_salience(block_centroids(keys, block_size))
+    salience = block_salience(block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64))
     return schedule_from_salience(salience, block_size, keys.shape[-2], window, sinks, topk, lanes)

@@ -1,0 +1,101 @@
+"""The salience kernels (Prim + elder rule, one program per lane) against the CPU path: on the CPU in Triton's
+interpreter, compiled on a GPU. Random centroids, exact ties, float32, shared and per-lane schedules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import topo_attn as ta
+from topo_attn.kernels.salience import MAX_BLOCKS, salience_kernels
+
+
+def _cpu_salience(centroids: torch.Tensor) -> torch.Tensor:
+    return ta.block_salience(centroids.cpu().double())
+
+
+def _schedule(salience: torch.Tensor, window=1, sinks=1, topk=3) -> tuple[list, list]:
+    n = salience.shape[-1]
+    lanes = None if salience.shape[0] == 1 else (salience.shape[0], 1)
+    s = ta.schedule_from_salience(salience.cpu(), 16, 16 * n, window, sinks, topk, lanes)
+    return s.offsets.tolist(), s.indices.tolist()
+
+
+@pytest.mark.parametrize("lanes, n, dim", [(1, 2, 4), (3, 5, 8), (2, 33, 16), (1, 64, 32), (2, 100, 8)])
+def test_kernels_equal_the_cpu_path_on_random_centroids(lanes, n, dim, device):
+    gen = torch.Generator().manual_seed(n * dim)
+    centroids = torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
+    got = salience_kernels(centroids.to(device)).cpu()
+    want = _cpu_salience(centroids)
+    assert got.dtype == torch.float64 and got.shape == (lanes, n)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
+    # the same trees: every salience is one of the lane's tree lengths, in the same places
+    assert torch.equal(got.argsort(dim=-1, stable=True), want.argsort(dim=-1, stable=True))
+    assert _schedule(got) == _schedule(want)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_kernels_break_ties_like_the_cpu_path(n, dim, seed):
+    """Integer centroids on a small lattice: many exactly equal distances and duplicate centroids. Sums of
+    small integers are exact in any order, so the saliences must be equal bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    centroids = torch.randint(0, 3, (2, n, dim), generator=gen).double()
+    device = "cuda" if torch.cuda.is_available() and not _interpreted() else "cpu"
+    assert torch.equal(salience_kernels(centroids.to(device)).cpu(), _cpu_salience(centroids))
+
+
+def _interpreted() -> bool:
+    from topo_attn.kernels.forward import INTERPRETED
+
+    return INTERPRETED
+
+
+def test_single_block_gets_one(device):
+    centroids = torch.randn(2, 1, 8, dtype=torch.float64, device=device)
+    assert torch.equal(salience_kernels(centroids).cpu(), torch.ones(2, 1, dtype=torch.float64))
+
+
+def test_float32_gives_the_same_schedules_on_random_keys(device):
+    gen = torch.Generator().manual_seed(7)
+    centroids = torch.randn(3, 80, 32, generator=gen)
+    got = salience_kernels(centroids.to(device))
+    assert got.dtype == torch.float32
+    want = _cpu_salience(centroids)
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=0)
+    assert _schedule(got) == _schedule(want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("per_lane", [False, True], ids=["shared", "per-lane"])
+def test_gpu_topology_schedule_equals_the_cpu_one(per_lane, dtype):
+    B, H, S, D, block_size = 2, 4, 64 * 300 + 17, 64, 64
+    gen = torch.Generator().manual_seed(3)
+    keys = torch.randn(B, H, S, D, generator=gen).to(torch.bfloat16)
+    kwargs = {} if per_lane else {"shared_lane": (1, 2)}
+    cpu = ta.topology_schedule(keys, block_size, 2, 1, 20, **kwargs)
+    gpu = ta.topology_schedule(keys.cuda(), block_size, 2, 1, 20, dtype=dtype, **kwargs)
+    assert gpu.offsets.is_cuda and gpu.lanes == cpu.lanes
+    gpu.validate()
+    assert torch.equal(gpu.offsets.cpu(), cpu.offsets) and torch.equal(gpu.indices.cpu(), cpu.indices)
+
+
+@pytest.mark.cuda
+def test_gpu_salience_at_the_largest_size():
+    gen = torch.Generator().manual_seed(5)
+    centroids = torch.randn(1, MAX_BLOCKS, 128, generator=gen, dtype=torch.float64)
+    got = ta.block_salience(centroids.cuda()).cpu()
+    want = _cpu_salience(centroids)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=0)
+    assert torch.equal(got.argsort(dim=-1, stable=True), want.argsort(dim=-1, stable=True))
+
+
+@pytest.mark.cuda
+def test_more_blocks_than_the_kernels_take_use_the_cpu_path():
+    centroids = torch.randn(MAX_BLOCKS + 1, 4, dtype=torch.float64)
+    got = ta.block_salience(centroids.cuda())
+    assert got.is_cuda
+    assert torch.equal(got.cpu(), _cpu_salience(centroids))

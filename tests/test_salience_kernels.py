@@ -99,3 +99,18 @@ def test_more_blocks_than_the_kernels_take_use_the_cpu_path():
     got = ta.block_salience(centroids.cuda())
     assert got.is_cuda
     assert torch.equal(got.cpu(), _cpu_salience(centroids))
+
+
+def test_distances_are_exact_differences(device):
+    """The distance kernel: symmetric bit for bit, zero on the diagonal and between duplicates, equal to the
+    difference formula up to the rounding of the sum."""
+    from topo_attn.kernels.salience import distances
+
+    gen = torch.Generator().manual_seed(2)
+    centroids = torch.randn(2, 45, 19, generator=gen, dtype=torch.float64)
+    centroids[:, 7] = centroids[:, 30]  # duplicates
+    dist = distances(centroids.to(device)).cpu()
+    assert torch.equal(dist, dist.mT)
+    assert torch.all(dist.diagonal(dim1=1, dim2=2) == 0) and torch.all(dist[:, 7, 30] == 0)
+    exact = torch.cdist(centroids, centroids, compute_mode="donot_use_mm_for_euclid_dist")
+    torch.testing.assert_close(dist, exact, rtol=1e-13, atol=0)

@@ -169,7 +169,11 @@ def block_salience(centroids: torch.Tensor) -> torch.Tensor:
     rounded in another order, which changes a schedule only if two distances agree to about 1e-16). With
     float32 centroids, distances within about ``1e-7 * sqrt(D)`` of each other can swap places, which may
     change the tree, the saliences and so the schedule where keys nearly tie; random keys do not."""
-    centroids = _check_centroids(centroids, batched=True)
+    return _salience(_check_centroids(centroids, batched=True))
+
+
+def _salience(centroids: torch.Tensor) -> torch.Tensor:
+    """:func:`block_salience` of already checked centroids."""
     n = centroids.shape[-2]
     flat = centroids.reshape(-1, n, centroids.shape[-1])
     if centroids.is_cuda and n <= 4096:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from .persistence import block_centroids, block_salience, top_salient_blocks
+from .persistence import _salience, block_centroids, top_salient_blocks
 from .schedule import BlockSchedule, num_blocks
-from .validation import check_int, check_keys, check_tensor
+from .validation import check_finite, check_int, check_keys, check_tensor
 
 
 def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
@@ -105,7 +105,7 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
     blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
     require grad are detached: the schedule carries no gradient."""
-    keys = check_keys(keys)
+    keys = check_keys(keys, finite=False)  # the centroids of the lanes used are checked below
     block_size = check_int("block_size", block_size, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     lanes = None
@@ -122,5 +122,7 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     keys = keys.detach()
-    salience = block_salience(block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64))
+    centroids = block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64)
+    check_finite("keys", centroids)  # NaN or Inf keys (or block sums that overflow) reach the centroids
+    salience = _salience(centroids)
     return schedule_from_salience(salience, block_size, keys.shape[-2], window, sinks, topk, lanes)

@@ -22,6 +22,39 @@ MAX_BLOCKS = 4096
 
 
 @triton.jit
+def _distance_kernel(C, Dist, n, dim, stride_cl, stride_cn, stride_dl, stride_dn,
+                     BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+    lane = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cols = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    feats = tl.arange(0, BLOCK_D)
+    c = C + lane * stride_cl
+    # -- sum of squared differences over feature chunks (the same order for (i, j) and (j, i): symmetric)
+    acc = tl.zeros([BLOCK_I, BLOCK_J], C.dtype.element_ty)
+    for d0 in range(0, dim, BLOCK_D):
+        f = d0 + feats
+        a = tl.load(c + rows[:, None] * stride_cn + f[None, :], mask=(rows[:, None] < n) & (f[None, :] < dim), other=0.0)
+        b = tl.load(c + cols[:, None] * stride_cn + f[None, :], mask=(cols[:, None] < n) & (f[None, :] < dim), other=0.0)
+        diff = a[:, None, :] - b[None, :, :]
+        acc += tl.sum(diff * diff, 2)
+    tl.store(Dist + lane * stride_dl + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], tl.sqrt(acc),
+             mask=(rows[:, None] < n) & (cols[None, :] < n))
+
+
+def distances(centroids: torch.Tensor) -> torch.Tensor:
+    """``sqrt(sum((c_i - c_j)^2))`` for centroids ``[L, n, D]`` -> ``[L, n, n]`` in their dtype: no
+    Gram-matrix shortcut (duplicates are exactly 0 apart), exactly symmetric."""
+    lanes, n, dim = centroids.shape
+    centroids = centroids.contiguous()
+    dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
+    block = 32
+    grid = (triton.cdiv(n, block), triton.cdiv(n, block), lanes)
+    _distance_kernel[grid](centroids, dist, n, dim, centroids.stride(0), centroids.stride(1), dist.stride(0),
+                           dist.stride(1), BLOCK_I=block, BLOCK_J=block, BLOCK_D=8, num_warps=4)
+    return dist
+
+
+@triton.jit
 def _prim_kernel(Dist, EdgeLo, EdgeHi, EdgeLen, n, stride_lane, stride_row, BLOCK: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -86,7 +119,7 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 512 else (8 if block <= 2048 else 16)
 
 
-def salience_kernels(centroids: torch.Tensor) -> torch.Tensor:
+def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
 
@@ -95,9 +128,9 @@ def salience_kernels(centroids: torch.Tensor) -> torch.Tensor:
     lanes, n, _ = centroids.shape
     if n == 1:  # a single block: #22's convention
         return torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device)
-    dist = torch.cdist(centroids, centroids, compute_mode="donot_use_mm_for_euclid_dist").contiguous()
+    dist = distances(centroids)
     block = triton.next_power_of_2(n)
-    warps = _num_warps(block)
+    warps = num_warps or _num_warps(block)
     low = torch.empty(lanes, n - 1, dtype=torch.int32, device=centroids.device)
     high = torch.empty_like(low)
     length = torch.empty(lanes, n - 1, dtype=centroids.dtype, device=centroids.device)

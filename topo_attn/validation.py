@@ -45,8 +45,9 @@ def check_finite(name: str, value: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or Inf values; expected finite values")
 
 
-def check_keys(keys: object) -> torch.Tensor:
-    """Keys for a schedule builder: a finite floating tensor ``[S, D]`` or ``[B, H, S, D]``."""
+def check_keys(keys: object, finite: bool = True) -> torch.Tensor:
+    """Keys for a schedule builder: a floating tensor ``[S, D]`` or ``[B, H, S, D]``, finite unless
+    ``finite=False`` (for callers that check the block centroids instead: one host sync on less data)."""
     keys = check_tensor("keys", keys)
     if keys.ndim not in (2, 4):
         raise ValueError(f"keys must have shape [S, D] or [B, H, S, D], got shape {tuple(keys.shape)}")
@@ -54,7 +55,8 @@ def check_keys(keys: object) -> torch.Tensor:
         raise TypeError(f"keys must be a floating-point tensor, got {keys.dtype}")
     if keys.shape[-2] == 0 or keys.shape[-1] == 0:
         raise ValueError(f"keys must have at least one token and one feature, got shape {tuple(keys.shape)}")
-    check_finite("keys", keys)
+    if finite:
+        check_finite("keys", keys)
     return keys
 
 

@@ -124,6 +124,7 @@ def run_case(case: Case, suite: str, with_flex: bool = True) -> dict:
     if with_flex:
         from torch.nn.attention.flex_attention import flex_attention
 
+        torch._dynamo.reset()  # a fresh compile per case: past 8 shapes dynamo would fall back to eager
         flex = torch.compile(flex_attention, dynamic=False)
         block_mask = schedule.to_flex_block_mask()
         options = {"kernel_options": {"BLOCK_M": 64, "BLOCK_N": 64}} if bs == 64 else {}

@@ -31,10 +31,9 @@ def block_centroids(keys: torch.Tensor, block_size: int, dtype: torch.dtype = to
     seq, dim = keys.shape[-2], keys.shape[-1]
     nb = -(-seq // block_size)
     pad = nb * block_size - seq
-    x = keys.to(dtype)
-    if pad:
-        x = torch.nn.functional.pad(x, (0, 0, 0, pad))
-    sums = x.reshape(*keys.shape[:-2], nb, block_size, dim).sum(dim=-2)
+    x = torch.nn.functional.pad(keys, (0, 0, 0, pad)) if pad else keys
+    # summed in dtype without a converted copy of the keys
+    sums = x.reshape(*keys.shape[:-2], nb, block_size, dim).sum(dim=-2, dtype=dtype)
     sizes = torch.full((nb, 1), float(block_size), dtype=dtype, device=keys.device)
     sizes[-1] = block_size - pad
     return sums / sizes

@@ -49,3 +49,85 @@ def test_runner_needs_a_gpu(capsys):
         pytest.skip("this checks the message on machines without CUDA")
     assert main(["--suite", "pr"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_train_suite_cases():
+    from topo_attn.bench_train import BACKWARD_WORK
+
+    train = SUITES["train"]
+    assert {(c.seq_len, c.block_size) for c in train if c.kv_heads == c.heads} == {
+        (s, b) for s in (16384, 32768) for b in (64, 128)}
+    assert all(c.batch == 1 and c.heads == 32 and c.head_dim == 128 and c.dtype == "bfloat16" for c in train)
+    assert any(c.kv_heads < c.heads for c in train)
+    assert BACKWARD_WORK == 2.5
+
+
+def test_train_markdown_rows():
+    from topo_attn.bench_train import TRAIN_COLUMNS, train_markdown
+
+    row = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
+               sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0, flex_bwd_tflops=195.0,
+               ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0, ours_step_ms=2.9,
+               flex_step_ms=5.5, max_grad_rel_error=4e-3)
+    table = train_markdown([row]).splitlines()
+    assert table[0] == "| " + " | ".join(TRAIN_COLUMNS) + " |"
+    assert table[2] == ("| B1 H32 S16k D128 b64 | 4670 / 32896 | 10.000 (550) | 2.000 (390) | 4.000 (195) | 0.71 | "
+                        "2.00x | 14.000 / 2.900 / 5.500 | 4.0e-03 |")
+
+
+def test_train_timing_helpers_on_the_interpreter(device):
+    """The pieces of a train case that need no GPU: backward and forward + backward timed with gradients reset
+    (a stand-in timer calls each function twice), and the gradient check on the first kv head's group."""
+    from topo_attn.bench_train import _backward_and_step_ms, _max_grad_error
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 96, 16, generator=gen).to(device).requires_grad_()
+    k, v = (torch.randn(1, 2, 96, 16, generator=gen).to(device).requires_grad_() for _ in range(2))
+    d_out = torch.randn(1, 4, 96, 16, generator=gen).to(device)
+    schedule = ta.topology_schedule(k.detach(), 32, window=1, sinks=1, topk=1, shared_lane=(0, 0))
+    ours = lambda q, k, v: ta.scheduled_attention(q, k, v, schedule)  # noqa: E731
+    calls = []
+
+    def twice(fn):
+        fn()
+        fn()
+        calls.append(q.grad.clone())
+        return 1.0
+
+    ours(q, k, v).backward(d_out)
+    once = q.grad.clone()
+    assert _backward_and_step_ms(ours, q, k, v, d_out, twice) == (1.0, 1.0)
+    assert len(calls) == 2 and all(torch.equal(c, once) for c in calls)  # reset, not accumulated
+    assert _max_grad_error(q, k, v, d_out, schedule) < 1e-4
+    q.grad = q.grad * 1.1
+    assert 0.05 < _max_grad_error(q, k, v, d_out, schedule) < 0.2
+
+
+def test_select_suite_rows_on_a_small_input(device):
+    """The select suite's rows on a tiny real-shaped input (timer stubbed: it only calls the function):
+    every selector at every budget, finite metrics, the oracle's recall the highest at equal budget, and
+    the dense-budget rows identical in blocks per row."""
+    from topo_attn import quality
+    from topo_attn.bench import Case
+    from topo_attn.bench_select import run_select_case, select_markdown
+
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 96, 16, generator=gen).to(torch.float16) for _ in range(3))
+    calls = []
+
+    def timer(fn):
+        calls.append(fn())
+        return 1.5
+
+    case = Case("tiny", 1, 2, 2, 96, 16, 16, "float16")
+    rows = run_select_case(case, timer, budgets=(1, 2), device=device, qkv=(q, k, v, {"model": "random",
+                                                                                        "layers": [0]}))
+    assert {(r["selector"], r["budget"]) for r in rows} == {(s, b) for s in quality.SELECTORS for b in (1, 2)}
+    for budget in (1, 2):
+        at = {r["selector"]: r for r in rows if r["budget"] == budget}
+        equal = [r for name, r in at.items() if name not in ("topology_22", "window")]
+        assert len({round(r["blocks_per_row"], 9) for r in equal}) == 1
+        assert all(at["oracle"]["recall"] >= r["recall"] - 1e-12 for r in at.values())
+        assert all(0 < r["recall"] <= 1 + 1e-12 and r["total_ms"] == 3.0 for r in at.values())
+    assert len(calls) == 1 + 2 * len(rows)  # SDPA once, then each build and attention
+    assert select_markdown(rows).count("\n") == len(rows) + 1

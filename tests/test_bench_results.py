@@ -68,3 +68,16 @@ def test_no_measuring_without_a_gpu_or_when_off():
     if not torch.cuda.is_available():
         message, measured = bench_results.run_small_benchmark(["--suite", "pr"])
         assert measured == [] and "No CUDA GPU" in message
+
+
+def test_other_suites_are_read_by_load_suite(tmp_path):
+    """Files of the build / train / select suites have rows of their own shape: the kernel loader skips
+    them and load_suite reads them, with their GPU, versions and command."""
+    write(tmp_path / "a.json", {**HEADER, "rows": [ROW]})
+    write(tmp_path / "build_h200.json", {**HEADER, "suite": "build", "command": "python -m topo_attn.bench --suite build",
+                                         "rows": [{"case": "x", "shared_build_ms": 1.0}, {"case": "y", "shared_build_ms": 2.0}]})
+    assert [b.suite for b in bench_results.load_kernel_benchmarks(tmp_path)] == ["pr"]
+    (header, frame), = bench_results.load_suite("build", tmp_path)
+    assert header["gpu"] == "NVIDIA H200" and header["command"].endswith("--suite build")
+    assert header["path"] == "build_h200.json" and list(frame["shared_build_ms"]) == [1.0, 2.0]
+    assert bench_results.load_suite("train", tmp_path) == []

@@ -259,11 +259,27 @@ def test_schedule_on_another_device() -> None:
 
 
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-def test_input_requires_grad(no_launch: None, device: str, name: str) -> None:
-    tensors = dict(zip("qkv", qkv(device=device)))
+def test_gradients_flow_to_the_input_that_requires_grad(device: str, name: str) -> None:
+    """Inputs may require grad: the gradient reaches that input (and matches the float64 reference through
+    torch autograd); the others get none."""
+    tensors = dict(zip("qkv", qkv(heads=4, kv_heads=2, device=device)))
     tensors[name].requires_grad_()
-    with pytest.raises(ValueError, match=f"{name} requires grad"):
-        scheduled_attention(tensors["q"], tensors["k"], tensors["v"], SCHEDULE.to(device))
+    schedule = random_schedule(3, 16, 48, lanes=(1, 4)).to(device)
+    out = scheduled_attention(tensors["q"], tensors["k"], tensors["v"], schedule)
+    assert out.requires_grad
+    d_out = randn(*out.shape).to(device)
+    out.backward(d_out)
+    reference = {n: t.detach().double().requires_grad_(n == name) for n, t in tensors.items()}
+    dense_masked_attention(reference["q"], reference["k"], reference["v"], schedule).backward(d_out.double())
+    for n, t in tensors.items():
+        assert (t.grad is None) == (n != name)
+    torch.testing.assert_close(tensors[name].grad.double(), reference[name].grad, atol=1e-5, rtol=1e-5)
+
+
+def test_input_that_requires_grad_is_validated_before_launch(no_launch: None) -> None:
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="schedule was built for seq_len=64"):
+        scheduled_attention(q.requires_grad_(), k, v, dense_causal_schedule(64, 16))
 
 
 def test_requires_grad_under_no_grad_runs(device: str) -> None:

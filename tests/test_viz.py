@@ -231,3 +231,15 @@ def test_explorer_needs_key_sets():
 
     with pytest.raises(ValueError, match="key_sets"):
         ScheduleExplorer({})
+
+
+def test_plot_recall_vs_time_lines_per_selector():
+    rows = [dict(selector=s, budget=b, recall=0.5 + 0.1 * b + (0.05 if s == "oracle" else 0), total_ms=0.1 * b,
+                 sdpa_ms=0.3) for s in ("centroid", "oracle") for b in (1, 2, 4)]
+    fig = viz.plot_recall_vs_time(rows, title="t")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"centroid", "oracle", "SDPA (dense causal)"}
+    assert list(lines["oracle"].get_xdata()) == [0.1, 0.2, 0.4] and ax.get_xscale() == "log"
+    with pytest.raises(ValueError, match="empty"):
+        viz.plot_recall_vs_time([])

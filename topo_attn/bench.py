@@ -1,4 +1,4 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select``.
 
 Times scheduled attention against SDPA's dense causal attention and FlexAttention with the same block mask,
 in one run, on a CUDA GPU. Prints a markdown table and writes JSON (GPU, versions, the exact command, one row
@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 from .bench_build import BUILD_LENGTHS, build_markdown, run_build_case
+from .bench_select import run_select_case, select_markdown
+from .bench_train import run_train_case, train_markdown
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ SUITES: dict[str, list[Case]] = {
        _llm(16384, 128, H_kv=8), _llm(16384, 64, H_kv=8)],
     # schedule construction next to the attention it serves (topo_attn.bench_build)
     "build": [_llm(S, b) for b in (64, 128) for S in BUILD_LENGTHS],
+    # forward + backward against SDPA and FlexAttention (topo_attn.bench_train)
+    "train": [_llm(S, b) for b in (64, 128) for S in (16384, 32768)] + [_llm(16384, 128, H_kv=8)],
+    # selection quality against build + attention time on the captured real q, k, v (topo_attn.bench_select)
+    "select": [Case("MiniLM real q/k/v b16", 2, 12, 12, 512, 32, 16, "float16")],
 }
 
 PR_COLUMNS = ["seq", "scheduled / dense blocks", "block reduction", "dense masked ms", "full causal SDPA ms",
@@ -198,10 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(cases)}] {case.name} ...", file=sys.stderr, flush=True)
         if args.suite == "build":
             rows.append(run_build_case(case, _median_ms))
+        elif args.suite == "train":
+            rows.append(run_train_case(case, _median_ms, _visited_pairs, with_flex=not args.no_flex))
+        elif args.suite == "select":
+            rows.extend(run_select_case(case, _median_ms))
         else:
             rows.append(run_case(case, args.suite, with_flex=not args.no_flex))
         torch.cuda.empty_cache()
-    table = build_markdown(rows) if args.suite == "build" else markdown(rows, args.suite)
+    tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown}
+    table = tables[args.suite](rows) if args.suite in tables else markdown(rows, args.suite)
     print(table)
     command = "python -m topo_attn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,

@@ -25,6 +25,7 @@ HEADER_KEYS = ("suite", "gpu", "torch", "triton", "command", "rows")
 ROW_KEYS = ("case", "seq_len", "ours_ms", "sdpa_ms", "flex_ms", "limit_ms", "ours_tflops", "sdpa_tflops",
             "flex_tflops")
 TABLE_EXTRAS = ("scheduled_blocks", "causal_blocks", "visited_fraction", "build_ms", "max_abs_error")
+KERNEL_SUITES = ("pr", "llm")  # suites whose rows time one attention kernel against SDPA and FlexAttention
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,11 @@ def _json_files(results_dir: str | Path | None) -> list[tuple[Path, object]]:
 
 
 def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
-    """``data`` (the parsed JSON of ``path``) as a :class:`KernelBenchmark`; ``None`` without ``rows``."""
+    """``data`` (the parsed JSON of ``path``) as a :class:`KernelBenchmark`; ``None`` without ``rows`` or for
+    another suite than ``pr`` and ``llm`` (read those with :func:`load_suite`)."""
     if not isinstance(data, dict) or "rows" not in data:
+        return None
+    if data.get("suite") not in KERNEL_SUITES and "suite" in data:
         return None
     missing = [k for k in HEADER_KEYS if k not in data]
     if missing:
@@ -83,6 +87,20 @@ def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[Kernel
     that lack a required column, raises ``ValueError`` naming the file and the missing keys."""
     found = (_kernel_benchmark(path, data) for path, data in _json_files(results_dir))
     return [b for b in found if b is not None]
+
+
+def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[dict, object]]:
+    """Results of the runner's suite ``suite`` (e.g. ``build``, ``train``, ``select``) in ``results_dir``
+    (default ``data/benchmarks``): per file, its header (GPU, versions, command, path) and its rows as a
+    pandas DataFrame. Empty when none has been committed."""
+    import pandas as pd
+
+    found = []
+    for path, data in _json_files(results_dir):
+        if isinstance(data, dict) and data.get("suite") == suite and isinstance(data.get("rows"), list):
+            header = {k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date")} | {"path": path.name}
+            found.append((header, pd.DataFrame(data["rows"])))
+    return found
 
 
 def summary(benchmarks: Sequence[KernelBenchmark], results_dir: str | Path | None = None) -> str:

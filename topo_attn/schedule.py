@@ -262,7 +262,9 @@ class BlockSchedule:
         lane_base = row_ids - row_ids % nb
         new_rows = lane_base + self.indices.long()
         order = torch.argsort(new_rows * nb + row_ids % nb)
-        counts = torch.bincount(new_rows, minlength=rows).to(torch.int32)
+        # index_add_, not bincount: no host sync on CUDA (the backward pass transposes on every call)
+        counts = torch.zeros(rows, dtype=torch.int32, device=self.device).index_add_(
+            0, new_rows, torch.ones_like(self.indices))
         offsets = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(counts, dim=0, out=offsets[1:])
         indices = (row_ids % nb)[order].to(torch.int32)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 import torch
+from torch.autograd.forward_ad import unpack_dual
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -160,8 +161,9 @@ def check_scale(scale: object, head_dim: int) -> float:
 
 def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: AttentionShape, schedule,
                         interpreted: bool) -> None:
-    """What the Triton kernel needs beyond a well-formed call: supported dtype, head dimension and block
-    size, a device it can run on, and no autograd graph (the backward does not exist yet)."""
+    """What the Triton kernels need beyond a well-formed call: supported dtype, head dimension and block
+    size, a device they can run on, and no forward-mode AD tangents (the backward is reverse mode only;
+    inputs may require grad)."""
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"q must be float16, bfloat16 or float32 for the kernel, got {q.dtype}")
     if shape.head_dim not in SUPPORTED_HEAD_DIMS:
@@ -178,10 +180,9 @@ def check_kernel_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape
             f"TRITON_INTERPRET=1 in the environment before triton is first imported to run the same kernel "
             f"in Triton's interpreter"
         )
-    if torch.is_grad_enabled():
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if t.requires_grad:
-                raise ValueError(
-                    f"{name} requires grad, but scheduled_attention has no backward pass yet; "
-                    f"pass {name}.detach() or call it under torch.no_grad()"
-                )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if unpack_dual(t).tangent is not None:
+            raise ValueError(
+                f"{name} is a forward-mode AD dual tensor (torch.autograd.forward_ad), but scheduled_attention "
+                f"has no forward-mode derivative; use reverse mode (requires_grad and backward())"
+            )

@@ -360,3 +360,28 @@ def plot_selection_quality(rows: Sequence[Mapping] | object, metrics: Sequence[s
     if title:
         fig.suptitle(title, fontsize=10)
     return fig
+
+
+def plot_recall_vs_time(rows: Sequence[Mapping] | object, title: str | None = None) -> Figure:
+    """Selection quality against cost: rows with ``selector``, ``budget``, ``recall`` and ``total_ms`` (schedule
+    build + attention, as the runner's ``select`` suite writes them), one line per selector through its
+    budgets; time on a log axis; ``sdpa_ms``, when present, as a vertical line."""
+    records = rows.to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
+    if not records:
+        raise ValueError("rows is empty: nothing to plot")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    for name in dict.fromkeys(r["selector"] for r in records):
+        sel = sorted((r for r in records if r["selector"] == name), key=lambda r: int(r["budget"]))
+        color, marker, ls = SELECTOR_STYLES.get(name, (None, "o", "-"))
+        ax.plot([float(r["total_ms"]) for r in sel], [float(r["recall"]) for r in sel], color=color,
+                marker=marker, ls=ls, label=name)
+    if "sdpa_ms" in records[0]:
+        ax.axvline(float(records[0]["sdpa_ms"]), color="0.4", ls=":", label="SDPA (dense causal)")
+    ax.set_xscale("log")
+    ax.set_xlabel("schedule build + attention (ms)")
+    ax.set_ylabel(METRIC_LABELS.get("recall", "recall"))
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return fig

@@ -35,6 +35,11 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
         raise ValueError(f"salience holds {lane_count} lanes, but lanes={lanes} needs "
                          f"{1 if lanes is None else lanes[0] * lanes[1]}")
     sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
+    if sal.is_cuda:  # two Triton launches instead of about twenty small torch ones
+        from .kernels.rule_rows import rule_rows
+
+        offsets, indices = rule_rows(top_salient_blocks(sal, topk), nb, sinks, window)
+        return BlockSchedule._trusted(offsets, indices, block_size, seq_len, lanes)
     rows = torch.arange(nb, device=device)
     # candidates [L, n, m]: sinks, then the window, then the top-k blocks
     sink_part = torch.arange(sinks, device=device).expand(lane_count, nb, sinks)

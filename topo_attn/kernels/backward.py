@@ -24,7 +24,7 @@ from .forward import INTERPRETED, LOG2E, _mma_operand
 LOG2E_K: tl.constexpr = tl.constexpr(LOG2E)  # log2(e) inside the kernels: lse (natural log) to base 2
 
 
-@triton.jit(do_not_specialize=["seq_len"])
+@triton.jit(do_not_specialize=["seq_len", "stride_lb", "stride_lh"])
 def _attention_bwd_preprocess(
     Out, dOut, Delta,
     seq_len, num_heads,
@@ -50,7 +50,7 @@ def _attention_bwd_preprocess(
     tl.store(Delta + batch * stride_lb + head * stride_lh + offs_m, delta, mask=rows)
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride"])
+@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
 def _scheduled_attention_bwd_dq(
     Q, K, V, dOut, Lse, Delta, dQ, Offsets, Indices,
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
@@ -171,7 +171,7 @@ def _dkdv_query_tile(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride"])
+@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
 def _scheduled_attention_bwd_dkdv(
     Q, K, V, dOut, Lse, Delta, dK, dV, ColOffsets, ColIndices,  # the column (transposed) schedule
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
@@ -251,15 +251,18 @@ def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> 
 
     ``dq``: ``BLOCK_M`` queries per program, ``BLOCK_N`` keys per step. ``dkdv``: ``BLOCK_N`` keys per
     program, ``BLOCK_M`` queries per step. The dK/dV program keeps four ``BLOCK_N x D`` tiles (K, V and two
-    float32 accumulators) resident, so its key tile shrinks with the head dimension. Conservative choices
-    (not tuned yet): every tile fits Hopper's 228 KB of shared memory per SM."""
+    float32 accumulators) resident, so its key tile shrinks with the head dimension. Head dim 65-128 in
+    fp16/bf16: the fastest of a sweep on the H200 (``kernels/NOTES.md``, backward); the others are conservative
+    choices that fit Hopper's 228 KB of shared memory per SM."""
     if dtype == torch.float32:  # IEEE fp32 dots, twice the bytes per tile
         dq = (32, 32, 4, 2) if head_dim <= 128 else (32, 16, 4, 1)
         dkdv = (32, 32, 4, 2) if head_dim <= 128 else (16, 32, 8, 1)
     elif head_dim <= 64:
         dq, dkdv = (64, 64, 4, 3), (64, 64, 4, 3)
+    elif head_dim <= 128 and block_size >= 128:
+        dq, dkdv = (128, 64, 8, 3), (64, 128, 8, 3)
     elif head_dim <= 128:
-        dq, dkdv = (64, 32, 4, 3), (32, 64, 8, 3)
+        dq, dkdv = (64, 32, 4, 5), (32, 64, 4, 5)
     else:
         dq, dkdv = (32, 32, 4, 2), (32, 32, 8, 2)
     as_dict = lambda m, n, warps, stages: dict(BLOCK_M=min(block_size, m), BLOCK_N=min(block_size, n),  # noqa: E731

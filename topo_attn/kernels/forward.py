@@ -49,7 +49,7 @@ def _load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, str
         return tl.load(ptrs)
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride"])
+@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
 def _scheduled_attention_fwd(
     Q, K, V, Out, Lse, Offsets, Indices,
     qk_scale,  # softmax scale * log2(e)

@@ -23,7 +23,7 @@ def _schedule(salience: torch.Tensor, window=1, sinks=1, topk=3) -> tuple[list, 
     return s.offsets.tolist(), s.indices.tolist()
 
 
-@pytest.mark.parametrize("lanes, n, dim", [(1, 2, 4), (3, 5, 8), (2, 33, 16), (1, 64, 32), (2, 100, 8)])
+@pytest.mark.parametrize("lanes, n, dim", [(1, 2, 4), (3, 5, 8), (2, 33, 16), (1, 64, 32), (2, 100, 8), (1, 300, 4)])
 def test_kernels_equal_the_cpu_path_on_random_centroids(lanes, n, dim, device):
     gen = torch.Generator().manual_seed(n * dim)
     centroids = torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
@@ -43,6 +43,14 @@ def test_kernels_break_ties_like_the_cpu_path(n, dim, seed):
     small integers are exact in any order, so the saliences must be equal bit for bit."""
     gen = torch.Generator().manual_seed(seed)
     centroids = torch.randint(0, 3, (2, n, dim), generator=gen).double()
+    device = "cuda" if torch.cuda.is_available() and not _interpreted() else "cpu"
+    assert torch.equal(salience_kernels(centroids.to(device)).cpu(), _cpu_salience(centroids))
+
+
+def test_kernels_break_ties_like_the_cpu_path_past_one_column_chunk():
+    """300 blocks: the merge-side and elder passes walk the edges in several chunks."""
+    gen = torch.Generator().manual_seed(300)
+    centroids = torch.randint(0, 4, (1, 300, 2), generator=gen).double()
     device = "cuda" if torch.cuda.is_available() and not _interpreted() else "cpu"
     assert torch.equal(salience_kernels(centroids.to(device)).cpu(), _cpu_salience(centroids))
 

@@ -23,12 +23,22 @@ from .validation import check_finite, check_int, check_tensor
 
 def block_centroids(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Mean of each key block. keys: ``[..., S, D]`` -> ``[..., n, D]`` with ``n = ceil(S / block_size)``;
-    a partial last block averages its real rows. Computed in ``dtype`` (float64 by default)."""
+    a partial last block averages its real rows. Computed in ``dtype`` (float64 by default).
+
+    Floating-point keys on a CUDA device with a float32 or float64 ``dtype`` go through a Triton kernel
+    (:mod:`topo_attn.kernels.centroids`) that reads the keys once in their own dtype and strides. Its sums
+    run in another order than torch's, so they can differ in the last bits, except where they are exact:
+    float64 sums of float16 keys, or of bfloat16 keys of ordinary range, equal the CPU result bit for bit."""
     keys = check_tensor("keys", keys)
     block_size = check_int("block_size", block_size, 1)
     if keys.ndim < 2:
         raise ValueError(f"keys must have shape [..., S, D], got shape {tuple(keys.shape)}")
     seq, dim = keys.shape[-2], keys.shape[-1]
+    if keys.is_cuda and keys.is_floating_point() and dtype in (torch.float32, torch.float64):
+        from .kernels.centroids import block_centroids_kernel  # triton is imported on first use
+
+        out = block_centroids_kernel(keys.reshape(keys.shape[:-2].numel(), seq, dim), block_size, dtype)
+        return out.reshape(*keys.shape[:-2], out.shape[-2], dim)
     nb = -(-seq // block_size)
     pad = nb * block_size - seq
     x = torch.nn.functional.pad(keys, (0, 0, 0, pad)) if pad else keys

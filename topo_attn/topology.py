@@ -13,12 +13,14 @@ from .validation import check_finite, check_int, check_keys, check_tensor
 
 
 def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
-                           topk: int, lanes: tuple[int, int] | None = None) -> BlockSchedule:
+                           topk: int, lanes: tuple[int, int] | None = None, *,
+                           _finite: tuple[str, torch.Tensor] | None = None) -> BlockSchedule:
     """The schedule for given saliences ``[n]`` (shared) or ``[L, n]`` (one per lane, ``L = B * H``).
 
     Per query block ``qb``: sink blocks ``0..sinks-1``, the window ``qb-window..qb``, and those of the
     ``topk`` most salient blocks (chosen once per lane, ties to the lower index) that are ``<= qb``;
-    sorted and without duplicates. Vectorised over lanes and rows."""
+    sorted and without duplicates. Vectorised over lanes and rows. (``_finite``: for
+    :func:`topology_schedule`, a finiteness flag of its CUDA centroids, checked in the assembly's host sync.)"""
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     nb = num_blocks(seq_len, block_size)
@@ -38,7 +40,7 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     if sal.is_cuda:  # two Triton launches instead of about twenty small torch ones
         from .kernels.rule_rows import rule_rows
 
-        offsets, indices = rule_rows(top_salient_blocks(sal, topk), nb, sinks, window)
+        offsets, indices = rule_rows(top_salient_blocks(sal, topk), nb, sinks, window, _finite)
         return BlockSchedule._trusted(offsets, indices, block_size, seq_len, lanes)
     rows = torch.arange(nb, device=device)
     # candidates [L, n, m]: sinks, then the window, then the top-k blocks
@@ -128,6 +130,12 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     keys = keys.detach()
     centroids = block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64)
-    check_finite("keys", centroids)  # NaN or Inf keys (or block sums that overflow) reach the centroids
+    # NaN or Inf keys (or block sums that overflow) reach the centroids. On a GPU the flag is read back in the
+    # assembly's one host sync (the salience kernels stay in bounds on any input), so no launch waits for it.
+    if keys.is_cuda:
+        finite = ("keys", torch.isfinite(centroids).all())
+    else:
+        check_finite("keys", centroids)
+        finite = None
     salience = _salience(centroids)
-    return schedule_from_salience(salience, block_size, keys.shape[-2], window, sinks, topk, lanes)
+    return schedule_from_salience(salience, block_size, keys.shape[-2], window, sinks, topk, lanes, _finite=finite)

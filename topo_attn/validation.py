@@ -42,7 +42,13 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
 
 def check_finite(name: str, value: torch.Tensor) -> None:
     """Reject NaN or Inf entries (one host sync)."""
-    if not bool(torch.isfinite(value).all()):
+    raise_unless_finite(name, bool(torch.isfinite(value).all()))
+
+
+def raise_unless_finite(name: str, finite: bool) -> None:
+    """The error of :func:`check_finite`, for callers that read ``torch.isfinite(value).all()`` back in a
+    host sync they make anyway."""
+    if not finite:
         raise ValueError(f"{name} contains NaN or Inf values; expected finite values")
 
 

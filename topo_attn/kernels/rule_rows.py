@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..validation import raise_unless_finite
+
 
 @triton.jit
 def _rule_rows_kernel(Top, Counts, Offsets, Indices, nb, sinks, window, topk, stride_top,
@@ -38,11 +40,13 @@ def _rule_rows_kernel(Top, Counts, Offsets, Indices, nb, sinks, window, topk, st
         tl.store(Counts + row_ids, count, mask=rows < nb)
 
 
-def rule_rows(top: torch.Tensor, nb: int, sinks: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rule_rows(top: torch.Tensor, nb: int, sinks: int, window: int,
+              finite: tuple[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CSR ``(offsets, indices)`` (int32) of the rule for ``L`` lanes: per query block ``qb`` of each lane, the
     blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's ``top [L, topk]`` (distinct block indices)
     that are ``<= qb``, sorted and without duplicates. ``sinks <= nb`` and ``window < nb``. One host sync (the
-    number of entries)."""
+    number of entries); ``finite=(name, flag)`` reads a device bool back in the same sync and raises
+    :func:`~topo_attn.validation.check_finite`'s error for ``name`` if it is False."""
     lanes, topk = top.shape
     top = top.to(torch.int32).contiguous()
     m = triton.next_power_of_2(sinks + window + 1 + topk)
@@ -54,7 +58,10 @@ def rule_rows(top: torch.Tensor, nb: int, sinks: int, window: int) -> tuple[torc
     _rule_rows_kernel[grid](top, counts, offsets, counts, nb, sinks, window, topk, top.stride(0),
                             BLOCK_R=block_r, M=m, WRITE=False)
     torch.cumsum(counts, dim=0, out=offsets[1:])
-    indices = torch.empty(int(offsets[-1]), dtype=torch.int32, device=top.device)
+    total, is_finite = torch.stack([offsets[-1], finite[1] if finite else offsets[-1].new_ones(())]).tolist()
+    if finite:
+        raise_unless_finite(finite[0], bool(is_finite))
+    indices = torch.empty(total, dtype=torch.int32, device=top.device)
     _rule_rows_kernel[grid](top, counts, offsets, indices, nb, sinks, window, topk, top.stride(0),
                             BLOCK_R=block_r, M=m, WRITE=True)
     return offsets, indices

@@ -1,13 +1,20 @@
-"""Triton kernels for #22's elder-rule salience, one program per lane (a (batch, head) pair or a shared
-schedule's single lane), with no host round trip and no Python loop over lanes or blocks.
+"""Triton kernels for #22's elder-rule salience, for many lanes at once (a lane: a (batch, head) pair or a
+shared schedule's single lane), with no host round trip and no Python loop over lanes or blocks.
 
-1. ``_prim_kernel``: Prim's minimum spanning tree of the complete graph on the block centroids under the
-   strict order ``(distance, min(i, j), max(i, j))``: the same unique tree as ``persistence._prim``.
-2. the tree edges are put in merge order ``(distance, i, j)`` with two stable torch sorts;
-3. ``_elder_kernel``: the union-find sweep of ``persistence._elder_salience``: at each merge every block of
-   the smaller component (equal sizes: the one holding ``i``) takes the merge distance.
+1. ``_distance_kernel``: the distance matrix, ``sqrt(sum((c_i - c_j)^2))``, upper-triangle tiles mirrored.
+2. ``_prim_kernel``, one program per lane: Prim's minimum spanning tree under the strict order
+   ``(distance, min(i, j), max(i, j))`` (the same unique tree as ``persistence._prim``). It records the
+   *Prim order*: position ``t`` holds the block that joined at step ``t`` and the key of its tree edge.
+3. ``_merge_sides_kernel`` and ``_elder_kernel``: the union-find sweep of ``persistence._elder_salience``,
+   without the sweep. In Prim order every cluster of Kruskal's merge tree is a run of consecutive positions,
+   and the edge at position ``t`` merges the runs ``[a, t - 1]`` and ``[t, b]``, where ``a`` and ``b + 1``
+   are the nearest positions on either side holding a heavier edge (the merge tree is the Cartesian tree of
+   the edge keys). Their lengths are the component sizes, so each edge knows which side moves (the smaller;
+   equal sizes: the side holding the lower endpoint ``i``). A block's salience is the length of the heaviest
+   edge whose moving side contains it: the last merge that moved it. Both passes compare every position with
+   every edge, in parallel over positions.
 
-Each program keeps its per-block state (lightest edge into the tree, component label and size) in registers,
+Prim keeps its per-block state (lightest edge into the tree and its tree end) in registers,
 ``BLOCK = next_power_of_2(n)`` wide, so ``n`` is limited to :data:`MAX_BLOCKS`.
 """
 
@@ -18,61 +25,80 @@ import triton
 import triton.language as tl
 
 MAX_BLOCKS = 4096
-"""Largest number of key blocks per lane the kernels take (the per-block state lives in registers)."""
+"""Largest number of key blocks per lane the kernels take (Prim's per-block state lives in registers)."""
 
 
 @triton.jit
-def _distance_kernel(C, Dist, n, dim, stride_cl, stride_cn, stride_dl, stride_dn,
-                     BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
-    lane = tl.program_id(2).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
-    cols = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    a_ptrs = C + lane * stride_cl + rows * stride_cn
-    b_ptrs = C + lane * stride_cl + cols * stride_cn
-    # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
-    acc = tl.zeros([BLOCK_I, BLOCK_J], C.dtype.element_ty)
-    for d in range(dim):
-        diff = tl.load(a_ptrs + d, mask=rows < n, other=0.0)[:, None] - tl.load(b_ptrs + d, mask=cols < n, other=0.0)[None, :]
-        acc += diff * diff
-    tl.store(Dist + lane * stride_dl + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], tl.sqrt(acc),
-             mask=(rows[:, None] < n) & (cols[None, :] < n))
+def _distance_kernel(C, Dist, n, dim, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
+                     BLOCK: tl.constexpr):
+    tile_i, tile_j = tl.program_id(0), tl.program_id(1)
+    # -- upper-triangle tiles only: tile (i, j) also writes (j, i)
+    if tile_j >= tile_i:
+        lane = tl.program_id(2).to(tl.int64)
+        rows = tile_i * BLOCK + tl.arange(0, BLOCK)
+        cols = tile_j * BLOCK + tl.arange(0, BLOCK)
+        a_ptrs = C + lane * stride_cl + rows * stride_cn
+        b_ptrs = C + lane * stride_cl + cols * stride_cn
+        # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
+        acc = tl.zeros([BLOCK, BLOCK], C.dtype.element_ty)
+        for d in range(dim):
+            a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
+            b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
+            diff = a[:, None] - b[None, :]
+            acc += diff * diff
+        dist = tl.sqrt(acc)
+        # -- store the tile and its mirror image
+        out = Dist + lane * stride_dl
+        inside = (rows[:, None] < n) & (cols[None, :] < n)
+        tl.store(out + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], dist, mask=inside)
+        if tile_j > tile_i:
+            tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
+                     mask=(cols[:, None] < n) & (rows[None, :] < n))
 
 
 def distances(centroids: torch.Tensor) -> torch.Tensor:
     """``sqrt(sum((c_i - c_j)^2))`` for centroids ``[L, n, D]`` -> ``[L, n, n]`` in their dtype: no
     Gram-matrix shortcut (duplicates are exactly 0 apart), exactly symmetric."""
     lanes, n, dim = centroids.shape
-    centroids = centroids.contiguous()
+    features_first = centroids.transpose(1, 2).contiguous()  # [L, D, n]: one feature of 64 blocks is one load
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
     block = 64
     grid = (triton.cdiv(n, block), triton.cdiv(n, block), lanes)
-    _distance_kernel[grid](centroids, dist, n, dim, centroids.stride(0), centroids.stride(1), dist.stride(0),
-                           dist.stride(1), BLOCK_I=block, BLOCK_J=block, num_warps=4)
+    _distance_kernel[grid](features_first, dist, n, dim, *features_first.stride(), dist.stride(0), dist.stride(1),
+                           BLOCK=block, num_warps=4)
     return dist
 
 
 @triton.jit
-def _prim_kernel(Dist, EdgeLo, EdgeHi, EdgeLen, n, stride_lane, stride_row, BLOCK: tl.constexpr):
+def _lighter(length_a, key_a, length_b, key_b):
+    """The lighter of two candidate edges under the strict order (length, key)."""
+    a_first = (length_a < length_b) | ((length_a == length_b) & (key_a < key_b))
+    return tl.where(a_first, length_a, length_b), tl.where(a_first, key_a, key_b)
+
+
+@triton.jit
+def _prim_kernel(Dist, Order, Pair, Length, n, stride_lane, stride_row, BLOCK: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     dist = Dist + lane * stride_lane
-    edge = lane * (n - 1)
+    out = lane * n
     # -- the tree starts as block 0: best[u] is the lightest edge from the tree to u, source[u] its tree end
     outside = (offs < n) & (offs != 0)
     best = tl.load(dist + offs, mask=outside, other=float("inf"))
     source = tl.zeros([BLOCK], tl.int32)
-    for step in range(n - 1):
-        # -- the lightest edge leaving the tree; among equal lengths the lowest (low, high) endpoint pair.
-        # key = pair * 2 + (u is the high endpoint): one minimum gives the pair and which end is new
-        length = tl.min(tl.where(outside, best, float("inf")), 0)
+    tl.store(Order + out, 0)
+    for step in range(1, n):
+        # -- the lightest edge leaving the tree, ties to the lowest (low, high) endpoint pair, in one
+        # reduction of (length, key) with key = pair * 2 + (u is the high endpoint): it says which end is new
         low, high = tl.minimum(offs, source), tl.maximum(offs, source)
-        key = tl.where(outside & (best == length), (low * BLOCK + high) * 2 + (offs == high), 2 * BLOCK * BLOCK)
-        key = tl.min(key, 0)
+        key = tl.where(outside, (low * BLOCK + high) * 2 + (offs == high), 2 * BLOCK * BLOCK)
+        length, key = tl.reduce((tl.where(outside, best, float("inf")), key), 0, _lighter)
         pair_low, pair_high = (key // 2) // BLOCK, (key // 2) % BLOCK
-        new = tl.where(key % 2 == 1, pair_high, pair_low)
-        tl.store(EdgeLo + edge + step, pair_low)
-        tl.store(EdgeHi + edge + step, pair_high)
-        tl.store(EdgeLen + edge + step, length)
+        # (the clamp only matters for NaN distances, which the callers reject: no read out of bounds)
+        new = tl.minimum(tl.where(key % 2 == 1, pair_high, pair_low), n - 1)
+        tl.store(Order + out + step, new)
+        tl.store(Pair + out + step, pair_low * n + pair_high)
+        tl.store(Length + out + step, length)
         # -- the new block joins the tree; its edges may be the lightest way to blocks still outside
         outside = outside & (offs != new)
         row = tl.load(dist + new.to(tl.int64) * stride_row + offs, mask=outside, other=float("inf"))
@@ -83,37 +109,59 @@ def _prim_kernel(Dist, EdgeLo, EdgeHi, EdgeLen, n, stride_lane, stride_row, BLOC
 
 
 @triton.jit
-def _elder_kernel(EdgeLo, EdgeHi, EdgeLen, Salience, n, BLOCK: tl.constexpr):
-    lane = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    edge = lane * (n - 1)
-    # -- every block starts as its own component (label = block index) of size 1
-    label = offs.to(tl.int64)
-    size = tl.full([BLOCK], 1, tl.int64)
-    salience = tl.zeros([BLOCK], EdgeLen.dtype.element_ty)
-    for e in range(n - 1):
-        i = tl.load(EdgeLo + edge + e)
-        j = tl.load(EdgeHi + edge + e)
-        length = tl.load(EdgeLen + edge + e)
-        # -- label and size of both endpoints' components in one reduction: 16 bits each, i low, j high
-        record = label | (size << 16)
-        packed = tl.sum(tl.where(offs == i, record, 0) + tl.where(offs == j, record << 32, 0), 0)
-        label_i, size_i = packed & 0xFFFF, (packed >> 16) & 0xFFFF
-        label_j, size_j = (packed >> 32) & 0xFFFF, (packed >> 48) & 0xFFFF
-        # -- the smaller component (equal sizes: i's) takes the merge distance and joins the other
-        i_moves = size_i <= size_j
-        small = tl.where(i_moves, label_i, label_j)
-        large = tl.where(i_moves, label_j, label_i)
-        moved = label == small
-        joined = moved | (label == large)
-        salience = tl.where(moved, length, salience)
-        label = tl.where(moved, large, label)
-        size = tl.where(joined, size_i + size_j, size)
-    tl.store(Salience + lane * n + offs, salience, mask=offs < n)
+def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    lane = tl.program_id(1).to(tl.int64)
+    base = lane * n
+    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # Prim positions: the edge that joined block Order[t]
+    edge = (t >= 1) & (t < n)
+    length_t = tl.load(Length + base + t, mask=edge, other=0.0)
+    pair_t = tl.load(Pair + base + t, mask=edge, other=0)
+    # -- the nearest heavier edges on either side (none: the ends of the order)
+    left = tl.zeros([ROWS], tl.int32)
+    right = tl.full([ROWS], n, tl.int32)
+    for start in range(0, n, COLS):
+        s = start + tl.arange(0, COLS)
+        length_s = tl.load(Length + base + s, mask=(s >= 1) & (s < n), other=0.0)
+        pair_s = tl.load(Pair + base + s, mask=(s >= 1) & (s < n), other=0)
+        heavier = (length_s[None, :] > length_t[:, None]) | (
+            (length_s[None, :] == length_t[:, None]) & (pair_s[None, :] > pair_t[:, None]))
+        heavier &= ((s >= 1) & (s < n))[None, :]
+        left = tl.maximum(left, tl.max(tl.where(heavier & (s[None, :] < t[:, None]), s[None, :], 0), 1))
+        right = tl.minimum(right, tl.min(tl.where(heavier & (s[None, :] > t[:, None]), s[None, :], n), 1))
+    # -- the edge merges positions [left, t - 1] with [t, right - 1]; the smaller run moves, on equal sizes
+    # the run holding the lower endpoint i (the new block Order[t] is on the right)
+    block_t = tl.load(Order + base + t, mask=edge, other=0)
+    i_on_right = pair_t // n == block_t
+    left_size, right_size = t - left, right - t
+    i_moves = tl.where(i_on_right, right_size <= left_size, left_size <= right_size)
+    right_moves = i_on_right == i_moves
+    side_lo = tl.where(edge, tl.where(right_moves, t, left), 1)  # no edge at position 0: an empty side
+    side_hi = tl.where(edge, tl.where(right_moves, right - 1, t - 1), 0)
+    tl.store(SideLo + base + t, side_lo, mask=t < n)
+    tl.store(SideHi + base + t, side_hi, mask=t < n)
+
+
+@triton.jit
+def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    lane = tl.program_id(1).to(tl.int64)
+    base = lane * n
+    p = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # Prim positions
+    # -- the heaviest edge whose moving side holds the position (0 if none ever moved it)
+    salience = tl.zeros([ROWS], Length.dtype.element_ty)
+    for start in range(0, n, COLS):
+        t = start + tl.arange(0, COLS)
+        side_lo = tl.load(SideLo + base + t, mask=t < n, other=1)
+        side_hi = tl.load(SideHi + base + t, mask=t < n, other=0)
+        length = tl.load(Length + base + t, mask=(t >= 1) & (t < n), other=0.0)
+        moved = (side_lo[None, :] <= p[:, None]) & (p[:, None] <= side_hi[None, :])
+        salience = tl.maximum(salience, tl.max(tl.where(moved, length[None, :], 0.0), 1))
+    # -- back from Prim positions to block indices
+    block = tl.load(Order + base + p, mask=p < n, other=0)
+    tl.store(Salience + base + block, salience, mask=p < n)
 
 
 def _num_warps(block: int) -> int:
-    # Prim: its two reductions per step cost less than the row load; 8 warps halved its time from 512
+    # Prim: its reduction per step costs less than the row load; 8 warps halved its time from 512
     # blocks up on the H200 (NOTES.md)
     return 4 if block <= 256 else 8
 
@@ -121,24 +169,26 @@ def _num_warps(block: int) -> int:
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
+    ``num_warps`` overrides Prim's warp count.
 
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
-    exactly symmetric; they differ from the CPU path's only in the rounding of the sum."""
+    exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
+    not finite give meaningless saliences (but no read out of bounds): callers check them."""
     lanes, n, _ = centroids.shape
     if n == 1:  # a single block: #22's convention
         return torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device)
     dist = distances(centroids)
     block = triton.next_power_of_2(n)
-    warps = num_warps or _num_warps(block)
-    low = torch.empty(lanes, n - 1, dtype=torch.int32, device=centroids.device)
-    high = torch.empty_like(low)
-    length = torch.empty(lanes, n - 1, dtype=centroids.dtype, device=centroids.device)
-    _prim_kernel[(lanes,)](dist, low, high, length, n, dist.stride(0), dist.stride(1), BLOCK=block,
-                           num_warps=warps)
-    # merge order (length, i, j): sort by the pair, then stably by the length
-    order = torch.argsort(low.long() * n + high, dim=-1, stable=True)
-    order = order.gather(-1, torch.argsort(length.gather(-1, order), dim=-1, stable=True))
-    low, high, length = (t.gather(-1, order).contiguous() for t in (low, high, length))
-    salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device)
-    _elder_kernel[(lanes,)](low, high, length, salience, n, BLOCK=block, num_warps=num_warps or 4)
+    device = centroids.device
+    order = torch.empty(lanes, n, dtype=torch.int32, device=device)
+    pair = torch.empty_like(order)
+    length = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
+    _prim_kernel[(lanes,)](dist, order, pair, length, n, dist.stride(0), dist.stride(1), BLOCK=block,
+                           num_warps=num_warps or _num_warps(block))
+    side_lo, side_hi = torch.empty_like(order), torch.empty_like(order)
+    rows, cols = 16, min(256, block)
+    grid = (triton.cdiv(n, rows), lanes)
+    _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)
+    salience = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
+    _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4)
     return salience

@@ -2,17 +2,19 @@
 shared schedule's single lane), with no host round trip and no Python loop over lanes or blocks.
 
 1. ``_distance_kernel``: the distance matrix, ``sqrt(sum((c_i - c_j)^2))``, upper-triangle tiles mirrored.
-2. ``_prim_kernel``, one program per lane: Prim's minimum spanning tree under the strict order
-   ``(distance, min(i, j), max(i, j))`` (the same unique tree as ``persistence._prim``). It records the
-   *Prim order*: position ``t`` holds the block that joined at step ``t`` and the key of its tree edge.
-3. ``_merge_sides_kernel`` and ``_elder_kernel``: the union-find sweep of ``persistence._elder_salience``,
-   without the sweep. In Prim order every cluster of Kruskal's merge tree is a run of consecutive positions,
-   and the edge at position ``t`` merges the runs ``[a, t - 1]`` and ``[t, b]``, where ``a`` and ``b + 1``
-   are the nearest positions on either side holding a heavier edge (the merge tree is the Cartesian tree of
-   the edge keys). Their lengths are the component sizes, so each edge knows which side moves (the smaller;
-   equal sizes: the side holding the lower endpoint ``i``). A block's salience is the length of the heaviest
-   edge whose moving side contains it: the last merge that moved it. Both passes compare every position with
-   every edge, in parallel over positions.
+2. ``_salience_kernel``, one program per lane:
+
+   - Prim's minimum spanning tree under the strict order ``(distance, min(i, j), max(i, j))`` (the same
+     unique tree as ``persistence._prim``), recording the *Prim order*: position ``t`` holds the block that
+     joined at step ``t`` and the key of its tree edge;
+   - the union-find sweep of ``persistence._elder_salience``, without the sweep. In Prim order every cluster
+     of Kruskal's merge tree is a run of consecutive positions, and the edge at position ``t`` merges the runs
+     ``[a, t - 1]`` and ``[t, b]``, where ``a`` and ``b + 1`` are the nearest positions on either side holding
+     a heavier edge (the merge tree is the Cartesian tree of the edge keys). The run lengths are the component
+     sizes, so each edge knows which side moves (the smaller; equal sizes: the side holding the lower
+     endpoint ``i``) (``_merge_sides``). A block's salience is the length of the heaviest edge whose moving
+     side contains it: the last merge that moved it (``_elder_rows``). Both passes compare every position
+     with every edge, a tile of positions at a time, instead of ``n - 1`` dependent union-find steps.
 
 Prim keeps its per-block state (lightest edge into the tree and its tree end) in registers,
 ``BLOCK = next_power_of_2(n)`` wide, so ``n`` is limited to :data:`MAX_BLOCKS`.
@@ -77,7 +79,8 @@ def _lighter(length_a, key_a, length_b, key_b):
 
 
 @triton.jit
-def _prim_kernel(Dist, Order, Pair, Length, n, stride_lane, stride_row, BLOCK: tl.constexpr):
+def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, stride_lane, stride_row,
+                     BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     dist = Dist + lane * stride_lane
@@ -107,12 +110,20 @@ def _prim_kernel(Dist, Order, Pair, Length, n, stride_lane, stride_row, BLOCK: t
         best = tl.where(closer, row, best)
         source = tl.where(closer, new, source)
 
+    # -- the elder rule from the Prim order, ROWS positions at a time; each pass reads what all threads
+    # of the program wrote before it
+    tl.debug_barrier()
+    for start_t in range(0, n, ROWS):
+        _merge_sides(Order, Pair, Length, SideLo, SideHi, out, n, start_t, ROWS, COLS)
+    tl.debug_barrier()
+    for start_p in range(0, n, ROWS):
+        _elder_rows(Order, Length, SideLo, SideHi, Salience, out, n, start_p, ROWS, COLS)
+
 
 @triton.jit
-def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constexpr, COLS: tl.constexpr):
-    lane = tl.program_id(1).to(tl.int64)
-    base = lane * n
-    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # Prim positions: the edge that joined block Order[t]
+def _merge_sides(Order, Pair, Length, SideLo, SideHi, base, n, start_t, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Which positions the edges at Prim positions ``start_t .. start_t + ROWS - 1`` move: ``[SideLo, SideHi]``."""
+    t = start_t + tl.arange(0, ROWS)  # Prim positions: the edge that joined block Order[t]
     edge = (t >= 1) & (t < n)
     length_t = tl.load(Length + base + t, mask=edge, other=0.0)
     pair_t = tl.load(Pair + base + t, mask=edge, other=0)
@@ -142,10 +153,9 @@ def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constex
 
 
 @triton.jit
-def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr, COLS: tl.constexpr):
-    lane = tl.program_id(1).to(tl.int64)
-    base = lane * n
-    p = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # Prim positions
+def _elder_rows(Order, Length, SideLo, SideHi, Salience, base, n, start_p, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Salience of the blocks at Prim positions ``start_p .. start_p + ROWS - 1``."""
+    p = start_p + tl.arange(0, ROWS)
     # -- the heaviest edge whose moving side holds the position (0 if none ever moved it)
     salience = tl.zeros([ROWS], Length.dtype.element_ty)
     for start in range(0, n, COLS):
@@ -161,9 +171,9 @@ def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr
 
 
 def _num_warps(block: int) -> int:
-    # Prim: its reduction per step costs less than the row load; 8 warps halved its time from 512
-    # blocks up on the H200 (NOTES.md)
-    return 4 if block <= 256 else 8
+    # Prim: its reduction per step costs less than the row load; on the H200 (NOTES.md) 8 warps halved
+    # its time from 512 blocks up, and 16 took another 30% off at 2048
+    return 4 if block <= 256 else 8 if block <= 1024 else 16
 
 
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
@@ -180,15 +190,10 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> t
     dist = distances(centroids)
     block = triton.next_power_of_2(n)
     device = centroids.device
-    order = torch.empty(lanes, n, dtype=torch.int32, device=device)
-    pair = torch.empty_like(order)
+    order, pair, side_lo, side_hi = torch.empty(4, lanes, n, dtype=torch.int32, device=device).unbind(0)
     length = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
-    _prim_kernel[(lanes,)](dist, order, pair, length, n, dist.stride(0), dist.stride(1), BLOCK=block,
-                           num_warps=num_warps or _num_warps(block))
-    side_lo, side_hi = torch.empty_like(order), torch.empty_like(order)
-    rows, cols = 16, min(256, block)
-    grid = (triton.cdiv(n, rows), lanes)
-    _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)
     salience = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
-    _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4)
+    _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
+                               dist.stride(1), BLOCK=block, ROWS=16, COLS=min(256, block),
+                               num_warps=num_warps or _num_warps(block))
     return salience

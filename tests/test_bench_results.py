@@ -80,4 +80,9 @@ def test_other_suites_are_read_by_load_suite(tmp_path):
     (header, frame), = bench_results.load_suite("build", tmp_path)
     assert header["gpu"] == "NVIDIA H200" and header["command"].endswith("--suite build")
     assert header["path"] == "build_h200.json" and list(frame["shared_build_ms"]) == [1.0, 2.0]
+    assert header["note"] is None
     assert bench_results.load_suite("train", tmp_path) == []
+    write(tmp_path / "train_h200.json", {**HEADER, "suite": "train", "note": "flex failed on b64",
+                                         "rows": [{"case": "x", "ours_bwd_ms": 3.0}]})
+    (header, frame), = bench_results.load_suite("train", tmp_path)
+    assert header["note"] == "flex failed on b64" and list(frame["ours_bwd_ms"]) == [3.0]

@@ -91,14 +91,15 @@ def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[Kernel
 
 def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[dict, object]]:
     """Results of the runner's suite ``suite`` (e.g. ``build``, ``train``, ``select``) in ``results_dir``
-    (default ``data/benchmarks``): per file, its header (GPU, versions, command, path) and its rows as a
+    (default ``data/benchmarks``): per file, its header (GPU, versions, command, date, the file's note or None,
+    path) and its rows as a
     pandas DataFrame. Empty when none has been committed."""
     import pandas as pd
 
     found = []
     for path, data in _json_files(results_dir):
         if isinstance(data, dict) and data.get("suite") == suite and isinstance(data.get("rows"), list):
-            header = {k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date")} | {"path": path.name}
+            header = {k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date", "note")} | {"path": path.name}
             found.append((header, pd.DataFrame(data["rows"])))
     return found
 

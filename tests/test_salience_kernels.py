@@ -47,12 +47,15 @@ def test_kernels_break_ties_like_the_cpu_path(n, dim, seed):
     assert torch.equal(salience_kernels(centroids.to(device)).cpu(), _cpu_salience(centroids))
 
 
-def test_kernels_break_ties_like_the_cpu_path_past_one_column_chunk():
-    """300 blocks: the merge-side and elder passes walk the edges in several chunks."""
+@pytest.mark.parametrize("in_program", [True, False], ids=["elder-in-program", "elder-grid"])
+def test_kernels_break_ties_like_the_cpu_path_past_one_column_chunk(in_program):
+    """300 blocks: the merge-side and elder passes walk the edges in several chunks, in the Prim program or in
+    a grid of programs (two lanes: each grid program must find its lane)."""
     gen = torch.Generator().manual_seed(300)
-    centroids = torch.randint(0, 4, (1, 300, 2), generator=gen).double()
+    centroids = torch.randint(0, 4, (2, 300, 2), generator=gen).double()
     device = "cuda" if torch.cuda.is_available() and not _interpreted() else "cpu"
-    assert torch.equal(salience_kernels(centroids.to(device)).cpu(), _cpu_salience(centroids))
+    got = salience_kernels(centroids.to(device), elder_in_program=in_program).cpu()
+    assert torch.equal(got, _cpu_salience(centroids))
 
 
 def _interpreted() -> bool:

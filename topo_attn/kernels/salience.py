@@ -2,7 +2,8 @@
 shared schedule's single lane), with no host round trip and no Python loop over lanes or blocks.
 
 1. ``_distance_kernel``: the distance matrix, ``sqrt(sum((c_i - c_j)^2))``, upper-triangle tiles mirrored.
-2. ``_salience_kernel``, one program per lane:
+2. ``_salience_kernel``, one program per lane, then (for more than :data:`ELDER_IN_PROGRAM` blocks) two grid
+   kernels for the elder rule's passes:
 
    - Prim's minimum spanning tree under the strict order ``(distance, min(i, j), max(i, j))`` (the same
      unique tree as ``persistence._prim``), recording the *Prim order*: position ``t`` holds the block that
@@ -16,7 +17,7 @@ shared schedule's single lane), with no host round trip and no Python loop over 
      side contains it: the last merge that moved it (``_elder_rows``). Both passes compare every position
      with every edge, a tile of positions at a time, instead of ``n - 1`` dependent union-find steps.
 
-Prim keeps its per-block state (lightest edge into the tree and its tree end) in registers,
+Prim keeps its per-block state (lightest edge into the tree and its key) in registers,
 ``BLOCK = next_power_of_2(n)`` wide, so ``n`` is limited to :data:`MAX_BLOCKS`.
 """
 
@@ -80,44 +81,60 @@ def _lighter(length_a, key_a, length_b, key_b):
 
 @triton.jit
 def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, stride_lane, stride_row,
-                     BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+                     BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     dist = Dist + lane * stride_lane
     out = lane * n
-    # -- the tree starts as block 0: best[u] is the lightest edge from the tree to u, source[u] its tree end
+    # -- the tree starts as block 0. best[u] is the lightest edge from the tree to u, key[u] its strict-order
+    # key: pair * 2 + (u is the high endpoint), with pair = low * BLOCK + high; blocks in the tree hold NONE
+    NONE: tl.constexpr = 2 * BLOCK * BLOCK
     outside = (offs < n) & (offs != 0)
     best = tl.load(dist + offs, mask=outside, other=float("inf"))
-    source = tl.zeros([BLOCK], tl.int32)
+    key = tl.where(outside, offs * 2 + 1, NONE)
     tl.store(Order + out, 0)
     for step in range(1, n):
-        # -- the lightest edge leaving the tree, ties to the lowest (low, high) endpoint pair, in one
-        # reduction of (length, key) with key = pair * 2 + (u is the high endpoint): it says which end is new
-        low, high = tl.minimum(offs, source), tl.maximum(offs, source)
-        key = tl.where(outside, (low * BLOCK + high) * 2 + (offs == high), 2 * BLOCK * BLOCK)
-        length, key = tl.reduce((tl.where(outside, best, float("inf")), key), 0, _lighter)
-        pair_low, pair_high = (key // 2) // BLOCK, (key // 2) % BLOCK
+        # -- the lightest edge leaving the tree, ties to the lowest (low, high) pair, in one reduction
+        length, edge = tl.reduce((best, key), 0, _lighter)
+        pair_low, pair_high = (edge // 2) // BLOCK, (edge // 2) % BLOCK
         # (the clamp only matters for NaN distances, which the callers reject: no read out of bounds)
-        new = tl.minimum(tl.where(key % 2 == 1, pair_high, pair_low), n - 1)
+        new = tl.minimum(tl.where(edge % 2 == 1, pair_high, pair_low), n - 1)
         tl.store(Order + out + step, new)
         tl.store(Pair + out + step, pair_low * n + pair_high)
         tl.store(Length + out + step, length)
         # -- the new block joins the tree; its edges may be the lightest way to blocks still outside
-        outside = outside & (offs != new)
+        joins = offs == new
+        outside = outside & ~joins
+        best = tl.where(joins, float("inf"), best)
+        key = tl.where(joins, NONE, key)
         row = tl.load(dist + new.to(tl.int64) * stride_row + offs, mask=outside, other=float("inf"))
-        new_pair = tl.minimum(offs, new) * BLOCK + tl.maximum(offs, new)
-        closer = outside & ((row < best) | ((row == best) & (new_pair < low * BLOCK + high)))
+        new_key = (tl.minimum(offs, new) * BLOCK + tl.maximum(offs, new)) * 2 + (offs > new)
+        closer = outside & ((row < best) | ((row == best) & (new_key < key)))
         best = tl.where(closer, row, best)
-        source = tl.where(closer, new, source)
+        key = tl.where(closer, new_key, key)
 
-    # -- the elder rule from the Prim order, ROWS positions at a time; each pass reads what all threads
-    # of the program wrote before it
-    tl.debug_barrier()
-    for start_t in range(0, n, ROWS):
-        _merge_sides(Order, Pair, Length, SideLo, SideHi, out, n, start_t, ROWS, COLS)
-    tl.debug_barrier()
-    for start_p in range(0, n, ROWS):
-        _elder_rows(Order, Length, SideLo, SideHi, Salience, out, n, start_p, ROWS, COLS)
+    if ELDER:
+        # -- small trees: the elder rule in this program, ROWS positions at a time; each pass reads what all
+        # threads of the program wrote before it
+        tl.debug_barrier()
+        for start_t in range(0, n, ROWS):
+            _merge_sides(Order, Pair, Length, SideLo, SideHi, out, n, start_t, ROWS, COLS)
+        tl.debug_barrier()
+        for start_p in range(0, n, ROWS):
+            _elder_rows(Order, Length, SideLo, SideHi, Salience, out, n, start_p, ROWS, COLS)
+
+
+@triton.jit
+def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # -- larger trees: one program per (tile of positions, lane)
+    _merge_sides(Order, Pair, Length, SideLo, SideHi, tl.program_id(1).to(tl.int64) * n, n,
+                 tl.program_id(0) * ROWS, ROWS, COLS)
+
+
+@triton.jit
+def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    _elder_rows(Order, Length, SideLo, SideHi, Salience, tl.program_id(1).to(tl.int64) * n, n,
+                tl.program_id(0) * ROWS, ROWS, COLS)
 
 
 @triton.jit
@@ -171,15 +188,22 @@ def _elder_rows(Order, Length, SideLo, SideHi, Salience, base, n, start_p, ROWS:
 
 
 def _num_warps(block: int) -> int:
-    # Prim: its reduction per step costs less than the row load; on the H200 (NOTES.md) 8 warps halved
-    # its time from 512 blocks up, and 16 took another 30% off at 2048
+    # Prim: its time grows with the blocks each thread holds until the reduction across warps dominates; on
+    # the H200 (NOTES.md) 8 warps halved it from 512 blocks up, and 16 took another 35% off at 2048
     return 4 if block <= 256 else 8 if block <= 1024 else 16
 
 
-def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> torch.Tensor:
+ELDER_IN_PROGRAM = 128
+"""Most blocks for which the elder-rule passes run at the end of the Prim program; larger trees get a grid
+of programs for each pass (at 512 blocks the in-program passes took 0.3 ms, the grid's 0.04 ms)."""
+
+
+def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
+                     elder_in_program: bool | None = None) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
-    ``num_warps`` overrides Prim's warp count.
+    ``num_warps`` overrides Prim's warp count, ``elder_in_program`` where the elder-rule passes run (by
+    default in the Prim program up to :data:`ELDER_IN_PROGRAM` blocks, in a grid of programs above).
 
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
     exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
@@ -191,9 +215,14 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None) -> t
     block = triton.next_power_of_2(n)
     device = centroids.device
     order, pair, side_lo, side_hi = torch.empty(4, lanes, n, dtype=torch.int32, device=device).unbind(0)
-    length = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
-    salience = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
+    length, salience = torch.empty(2, lanes, n, dtype=centroids.dtype, device=device).unbind(0)
+    in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
+    rows, cols = 16, min(256, block)
     _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
-                               dist.stride(1), BLOCK=block, ROWS=16, COLS=min(256, block),
+                               dist.stride(1), BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
                                num_warps=num_warps or _num_warps(block))
+    if not in_program:
+        grid = (triton.cdiv(n, rows), lanes)
+        _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)
+        _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4)
     return salience

@@ -128,16 +128,25 @@ def test_distances_are_exact_differences(device):
 
 
 @pytest.mark.parametrize("lanes, nb, sinks, window, topk", [(1, 1, 1, 0, 1), (1, 40, 1, 1, 5), (3, 33, 0, 0, 4),
-                                                            (2, 17, 3, 4, 17), (1, 64, 64, 63, 64), (2, 50, 2, 0, 0)])
+                                                            (2, 17, 3, 4, 17), (1, 64, 64, 63, 64), (2, 50, 2, 0, 0),
+                                                            (2, 150, 1, 2, 19)])
 def test_rule_rows_kernel_equals_the_torch_assembly(lanes, nb, sinks, window, topk, device):
     """The GPU assembly of sinks + window + top-k into CSR rows against the vectorised torch one (what the CPU
-    path runs), on random saliences with ties (so the top-k holds sinks and window blocks too)."""
+    path runs), on random saliences with ties (so the top-k holds sinks and window blocks too). 150 blocks:
+    the ranks are counted over several tiles."""
     from topo_attn.kernels.rule_rows import rule_rows
-    from topo_attn.persistence import top_salient_blocks
 
     gen = torch.Generator().manual_seed(nb * 7 + topk)
     salience = torch.randint(0, 5, (lanes, nb), generator=gen).double()
     want = ta.schedule_from_salience(salience, 16, 16 * nb, window, sinks, topk, None if lanes == 1 else (lanes, 1))
     sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
-    offsets, indices = rule_rows(top_salient_blocks(salience, topk).to(device), nb, sinks, window)
+    offsets, indices = rule_rows(salience.to(device), topk, sinks, window)
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_schedule_from_salience_rejects_non_finite_saliences(bad, device):
+    salience = torch.rand(2, 40, dtype=torch.float64)
+    salience[1, 3] = bad
+    with pytest.raises(ValueError, match="salience contains NaN or Inf"):
+        ta.schedule_from_salience(salience.to(device), 16, 640, 1, 1, 4, (2, 1))

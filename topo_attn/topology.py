@@ -19,8 +19,9 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
 
     Per query block ``qb``: sink blocks ``0..sinks-1``, the window ``qb-window..qb``, and those of the
     ``topk`` most salient blocks (chosen once per lane, ties to the lower index) that are ``<= qb``;
-    sorted and without duplicates. Vectorised over lanes and rows. (``_finite``: for
-    :func:`topology_schedule`, a finiteness flag of its CUDA centroids, checked in the assembly's host sync.)"""
+    sorted and without duplicates. Vectorised over lanes and rows. Saliences must be finite (``ValueError``
+    otherwise). (``_finite``: for :func:`topology_schedule`, a finiteness flag of its CUDA centroids, checked
+    in the assembly's host sync instead of the saliences'.)"""
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     nb = num_blocks(seq_len, block_size)
@@ -40,8 +41,13 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     if sal.is_cuda:  # two Triton launches instead of about twenty small torch ones
         from .kernels.rule_rows import rule_rows
 
-        offsets, indices = rule_rows(top_salient_blocks(sal, topk), nb, sinks, window, _finite)
+        if not sal.is_floating_point() or sal.dtype not in (torch.float32, torch.float64):
+            sal = sal.to(torch.float64)
+        if _finite is None:  # given saliences: checked in the assembly's host sync
+            _finite = ("salience", torch.isfinite(sal).all())
+        offsets, indices = rule_rows(sal, topk, sinks, window, _finite)
         return BlockSchedule._trusted(offsets, indices, block_size, seq_len, lanes)
+    check_finite("salience", sal)
     rows = torch.arange(nb, device=device)
     # candidates [L, n, m]: sinks, then the window, then the top-k blocks
     sink_part = torch.arange(sinks, device=device).expand(lane_count, nb, sinks)

@@ -65,10 +65,11 @@ def distances(centroids: torch.Tensor) -> torch.Tensor:
     lanes, n, dim = centroids.shape
     features_first = centroids.transpose(1, 2).contiguous()  # [L, D, n]: one feature of 64 blocks is one load
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
-    block = 64
+    # tiles from an H200 sweep (NOTES.md): float64 is compute-bound and prefers small tiles
+    block, warps = (32, 4) if centroids.dtype == torch.float64 else (64, 8)
     grid = (triton.cdiv(n, block), triton.cdiv(n, block), lanes)
     _distance_kernel[grid](features_first, dist, n, dim, *features_first.stride(), dist.stride(0), dist.stride(1),
-                           BLOCK=block, num_warps=4)
+                           BLOCK=block, num_warps=warps)
     return dist
 
 
@@ -189,13 +190,14 @@ def _elder_rows(Order, Length, SideLo, SideHi, Salience, base, n, start_p, ROWS:
 
 def _num_warps(block: int) -> int:
     # Prim: its time grows with the blocks each thread holds until the reduction across warps dominates; on
-    # the H200 (NOTES.md) 8 warps halved it from 512 blocks up, and 16 took another 35% off at 2048
-    return 4 if block <= 256 else 8 if block <= 1024 else 16
+    # the H200 (NOTES.md) 8 warps took 35% off at 512 blocks, 16 took 30% off at 1024 and 2048
+    return 4 if block <= 256 else 8 if block <= 512 else 16
 
 
-ELDER_IN_PROGRAM = 128
+ELDER_IN_PROGRAM = 64
 """Most blocks for which the elder-rule passes run at the end of the Prim program; larger trees get a grid
-of programs for each pass (at 512 blocks the in-program passes took 0.3 ms, the grid's 0.04 ms)."""
+of programs for each pass (on the H200 the grid was faster from 128 blocks; at 512 blocks the in-program
+passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,

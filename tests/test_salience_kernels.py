@@ -94,6 +94,54 @@ def test_gpu_topology_schedule_equals_the_cpu_one(per_lane, dtype):
     assert torch.equal(gpu.offsets.cpu(), cpu.offsets) and torch.equal(gpu.indices.cpu(), cpu.indices)
 
 
+@pytest.mark.parametrize("lanes, seq, block_size, rule", [(1, 16 * 40 + 3, 16, (5, 1, 2)), (3, 8 * 33, 8, (4, 0, 0)),
+                                                          (2, 50, 16, (9, 9, 9))])
+def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device):
+    """The GPU build (keys to CSR rows, launch by launch in the interpreter, from a CUDA graph on a GPU) against
+    the CPU path; keys in bfloat16 and not contiguous."""
+    from topo_attn.kernels.build import build_rows
+
+    gen = torch.Generator().manual_seed(seq + lanes)
+    keys = torch.randn(lanes, 24, seq, generator=gen).to(torch.bfloat16).transpose(1, 2)  # [L, S, D], strided
+    topk, sinks, window = rule
+    want = ta.topology_schedule(keys[:, None], block_size, window, sinks, topk) if lanes > 1 else \
+        ta.topology_schedule(keys[0], block_size, window, sinks, topk)
+    nb = want.num_blocks
+    offsets, indices = build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb),
+                                  min(window, nb - 1))
+    assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
+    keys[-1, 5, 3] = float("nan")
+    with pytest.raises(ValueError, match="keys contains NaN or Inf"):
+        build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb), min(window, nb - 1))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_build_graph_replays_new_keys_without_aliasing(dtype):
+    """Three builds of one shape replay one cached graph: each equals the CPU schedule for its own keys, the
+    first is unchanged by the later replays, and the launch-by-launch build gives the same rows."""
+    from topo_attn.kernels import build
+
+    gen = torch.Generator().manual_seed(11)
+    keys = [torch.randn(2, 3, 64 * 70, 32, generator=gen) for _ in range(3)]
+    build.clear_graphs()
+    got = [ta.topology_schedule(k.cuda(), 64, 1, 1, 6, dtype=dtype) for k in keys]
+    assert len(build._graphs) == 1
+    for k, schedule in zip(keys, got):
+        want = ta.topology_schedule(k, 64, 1, 1, 6)
+        assert torch.equal(schedule.offsets.cpu(), want.offsets) and torch.equal(schedule.indices.cpu(), want.indices)
+    build.USE_GRAPHS = False
+    try:
+        eager = ta.topology_schedule(keys[0].cuda(), 64, 1, 1, 6, dtype=dtype)
+    finally:
+        build.USE_GRAPHS = True
+    assert torch.equal(eager.offsets, got[0].offsets) and torch.equal(eager.indices, got[0].indices)
+    bad = keys[1].cuda()
+    bad[1, 2, 100, 0] = float("inf")
+    with pytest.raises(ValueError, match="keys contains NaN or Inf"):
+        ta.topology_schedule(bad, 64, 1, 1, 6, dtype=dtype)
+
+
 @pytest.mark.cuda
 def test_gpu_salience_at_the_largest_size():
     gen = torch.Generator().manual_seed(5)

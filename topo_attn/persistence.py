@@ -20,6 +20,10 @@ from scipy.spatial.distance import cdist
 
 from .validation import check_finite, check_int, check_tensor
 
+MAX_GPU_BLOCKS = 4096
+"""Most key blocks per lane that the GPU kernels take (Prim's per-block state lives in registers); CUDA inputs
+with more blocks are computed on the CPU."""
+
 
 def block_centroids(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Mean of each key block. keys: ``[..., S, D]`` -> ``[..., n, D]`` with ``n = ceil(S / block_size)``;
@@ -172,7 +176,7 @@ def block_salience(centroids: torch.Tensor) -> torch.Tensor:
     A block that is never on the smaller side keeps 0; a single block gets 1.
 
     On the CPU: float64 distances, Prim and the union-find in numpy, one lane after another; the result is
-    float64. On a CUDA device (``n <= 4096``): Triton kernels, all lanes at once
+    float64. On a CUDA device (``n <=`` :data:`MAX_GPU_BLOCKS`): Triton kernels, all lanes at once
     (:mod:`topo_attn.kernels.salience`), computed and returned in the centroids' dtype. float64 centroids
     give the CPU path's trees and saliences (distances may differ in the last bit: the sum of squares is
     rounded in another order, which changes a schedule only if two distances agree to about 1e-16). With
@@ -185,7 +189,7 @@ def _salience(centroids: torch.Tensor) -> torch.Tensor:
     """:func:`block_salience` of already checked centroids."""
     n = centroids.shape[-2]
     flat = centroids.reshape(-1, n, centroids.shape[-1])
-    if centroids.is_cuda and n <= 4096:
+    if centroids.is_cuda and n <= MAX_GPU_BLOCKS:
         from .kernels.salience import salience_kernels  # triton is imported on first use
 
         if flat.dtype not in (torch.float32, torch.float64):

@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import torch
 
-from .persistence import _salience, block_centroids, top_salient_blocks
+from .persistence import MAX_GPU_BLOCKS, _salience, block_centroids, top_salient_blocks
 from .schedule import BlockSchedule, num_blocks
 from .validation import check_finite, check_int, check_keys, check_tensor
 
 
+def _clamped(nb: int, topk: int, sinks: int, window: int) -> tuple[int, int, int]:
+    """The rule's ``(topk, sinks, window)`` for ``nb`` blocks: at most ``nb`` top-k and sink blocks, a window
+    of at most ``nb - 1`` blocks back."""
+    return min(topk, nb), min(sinks, nb), min(window, nb - 1)
+
+
 def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
-                           topk: int, lanes: tuple[int, int] | None = None, *,
-                           _finite: tuple[str, torch.Tensor] | None = None) -> BlockSchedule:
+                           topk: int, lanes: tuple[int, int] | None = None) -> BlockSchedule:
     """The schedule for given saliences ``[n]`` (shared) or ``[L, n]`` (one per lane, ``L = B * H``).
 
     Per query block ``qb``: sink blocks ``0..sinks-1``, the window ``qb-window..qb``, and those of the
     ``topk`` most salient blocks (chosen once per lane, ties to the lower index) that are ``<= qb``;
     sorted and without duplicates. Vectorised over lanes and rows. Saliences must be finite (``ValueError``
-    otherwise). (``_finite``: for :func:`topology_schedule`, a finiteness flag of its CUDA centroids, checked
-    in the assembly's host sync instead of the saliences'.)"""
+    otherwise)."""
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     nb = num_blocks(seq_len, block_size)
@@ -37,15 +41,14 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     if lane_count != (1 if lanes is None else lanes[0] * lanes[1]):
         raise ValueError(f"salience holds {lane_count} lanes, but lanes={lanes} needs "
                          f"{1 if lanes is None else lanes[0] * lanes[1]}")
-    sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
+    topk, sinks, window = _clamped(nb, topk, sinks, window)
     if sal.is_cuda:  # two Triton launches instead of about twenty small torch ones
         from .kernels.rule_rows import rule_rows
 
         if not sal.is_floating_point() or sal.dtype not in (torch.float32, torch.float64):
             sal = sal.to(torch.float64)
-        if _finite is None:  # given saliences: checked in the assembly's host sync
-            _finite = ("salience", torch.isfinite(sal).all())
-        offsets, indices = rule_rows(sal, topk, sinks, window, _finite)
+        # the saliences' finiteness is read back in the assembly's host sync
+        offsets, indices = rule_rows(sal, topk, sinks, window, ("salience", torch.isfinite(sal).all()))
         return BlockSchedule._trusted(offsets, indices, block_size, seq_len, lanes)
     check_finite("salience", sal)
     rows = torch.arange(nb, device=device)
@@ -112,9 +115,10 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     blocks (elder-rule salience of the block centroids, :func:`block_salience`) that are ``<= qb``. The
     schedule lives on the keys' device. ``S`` need not be a multiple of ``block_size``.
 
-    Keys on a CUDA device are handled there from end to end: centroids, distances, minimum spanning trees
-    and saliences of all lanes at once (Triton kernels, up to 4096 blocks), then top-k and the CSR assembly
-    in vectorised torch. ``dtype`` is the precision of centroids and distances: float64 (the default) gives
+    Keys on a CUDA device are handled there from end to end, all lanes at once, in Triton kernels (up to
+    4096 blocks): centroids, distances, minimum spanning trees, saliences, top-k and the CSR assembly, with
+    one host sync; after the centroids the launches are replayed from a CUDA graph cached per shape
+    (:mod:`topo_attn.kernels.build`). ``dtype`` is the precision of centroids and distances: float64 (the default) gives
     exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
     blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
     require grad are detached: the schedule carries no gradient."""
@@ -135,13 +139,15 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     keys = keys.detach()
+    seq, nb = keys.shape[-2], num_blocks(keys.shape[-2], block_size)
+    if keys.is_cuda and nb <= MAX_GPU_BLOCKS:
+        from .kernels.build import build_rows  # triton is imported on first use
+
+        # NaN or Inf keys (or block sums that overflow) reach the centroids, whose finiteness is read back in
+        # the build's one host sync (the kernels stay in bounds on any input)
+        offsets, indices = build_rows(keys.reshape(-1, seq, keys.shape[-1]), block_size, dtype,
+                                      *_clamped(nb, topk, sinks, window))
+        return BlockSchedule._trusted(offsets, indices, block_size, seq, lanes)
     centroids = block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64)
-    # NaN or Inf keys (or block sums that overflow) reach the centroids. On a GPU the flag is read back in the
-    # assembly's one host sync (the salience kernels stay in bounds on any input), so no launch waits for it.
-    if keys.is_cuda:
-        finite = ("keys", torch.isfinite(centroids).all())
-    else:
-        check_finite("keys", centroids)
-        finite = None
-    salience = _salience(centroids)
-    return schedule_from_salience(salience, block_size, keys.shape[-2], window, sinks, topk, lanes, _finite=finite)
+    check_finite("keys", centroids)
+    return schedule_from_salience(_salience(centroids), block_size, seq, window, sinks, topk, lanes)

@@ -47,15 +47,18 @@ def _centroid_kernel(Keys, Out, seq, dim, block_size, stride_kl, stride_ks, stri
     tl.store(Out + lane * stride_ol + block.to(tl.int64) * stride_on + cols, mean, mask=cols < dim)
 
 
-def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of each block of ``block_size`` rows of keys ``[L, S, D]`` (any float dtype, any strides, on a
     CUDA device or, in Triton's interpreter, the CPU) -> ``[L, n, D]`` in ``dtype`` (float32 or float64) with
-    ``n = ceil(S / block_size)``; a partial last block averages its real rows. Sums are taken in ``dtype``."""
+    ``n = ceil(S / block_size)``; a partial last block averages its real rows. Sums are taken in ``dtype``.
+    ``out``: an ``[L, n, D]`` tensor of ``dtype`` on the keys' device to write into (a CUDA graph's input)."""
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
-    out = torch.empty(lanes, n, dim, dtype=dtype, device=keys.device)
+    if out is None:
+        out = torch.empty(lanes, n, dim, dtype=dtype, device=keys.device)
     if out.numel() == 0:
         return out
     block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))

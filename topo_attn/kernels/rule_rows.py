@@ -1,5 +1,6 @@
 """Triton kernels assembling #22's rule (sinks + window + top-k) into CSR rows on the GPU, straight from the
-saliences, in two launches (top-k and counts, then the rows) around one cumulative sum and one host sync.
+saliences, in two launches (top-k and counts, then the rows into a buffer of the most entries the rule can
+give) around one cumulative sum; the host sync that reads the entry count back comes last.
 """
 
 from __future__ import annotations
@@ -68,14 +69,20 @@ def _rule_rows_kernel(Top, Offsets, Indices, nb, sinks, window, topk, stride_top
     tl.store(Indices + start[:, None].to(tl.int64) + j[None, :], ordered, mask=j[None, :] < count[:, None])
 
 
-def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
-              finite: tuple[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR ``(offsets, indices)`` (int32) of the rule for saliences ``[L, nb]`` (float32 or float64, finite):
-    per query block ``qb`` of each lane, the blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's
-    ``topk`` most salient blocks (ties to the lower index, as :func:`~topo_attn.top_salient_blocks`) that
-    are ``<= qb``, sorted and without duplicates. ``sinks <= nb``, ``window < nb`` and ``topk <= nb``. One
-    host sync (the number of entries); ``finite=(name, flag)`` reads a device bool back in the same sync and
-    raises :func:`~topo_attn.validation.check_finite`'s error for ``name`` if it is False."""
+def rule_bound(nb: int, topk: int, sinks: int, window: int) -> int:
+    """Most entries one lane's rule rows can hold: row ``qb`` holds at most ``min(qb + 1, sinks + window + 1 +
+    topk)`` blocks (no host sync: an upper bound for an indices buffer filled before the count is known)."""
+    width = sinks + window + 1 + topk
+    if width >= nb:
+        return nb * (nb + 1) // 2
+    return width * (width + 1) // 2 + (nb - width) * width
+
+
+def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
+                finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph): returns ``offsets``, an
+    indices buffer of :func:`rule_bound` entries per lane whose first ``offsets[-1]`` entries are the rows,
+    and a device ``int64 [2]`` status ``(offsets[-1], finite)`` (``finite``: a device bool, True if None)."""
     lanes, nb = salience.shape
     device = salience.device
     m = triton.next_power_of_2(sinks + window + 1 + topk)
@@ -87,10 +94,24 @@ def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
     _top_counts_kernel[(lanes,)](salience, top, counts, nb, sinks, window, topk, salience.stride(0), top.stride(0),
                                  RANK_ROWS=64, RANK_COLS=rank_cols, BLOCK_R=block_r, M=m, num_warps=8)
     torch.cumsum(counts, dim=0, out=offsets[1:])
-    total, is_finite = torch.stack([offsets[-1], finite[1] if finite else offsets[-1].new_ones(())]).tolist()
-    if finite:
-        raise_unless_finite(finite[0], bool(is_finite))
-    indices = torch.empty(total, dtype=torch.int32, device=device)
+    indices = torch.empty(lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32, device=device)
     grid = (triton.cdiv(nb, block_r), lanes)
     _rule_rows_kernel[grid](top, offsets, indices, nb, sinks, window, topk, top.stride(0), BLOCK_R=block_r, M=m)
-    return offsets, indices
+    status = torch.stack([offsets[-1].long(), offsets.new_ones((), dtype=torch.int64) if finite is None
+                          else finite.long()])
+    return offsets, indices, status
+
+
+def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
+              finite: tuple[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CSR ``(offsets, indices)`` (int32) of the rule for saliences ``[L, nb]`` (float32 or float64, finite):
+    per query block ``qb`` of each lane, the blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's
+    ``topk`` most salient blocks (ties to the lower index, as :func:`~topo_attn.top_salient_blocks`) that
+    are ``<= qb``, sorted and without duplicates. ``sinks <= nb``, ``window < nb`` and ``topk <= nb``. One
+    host sync (the number of entries); ``finite=(name, flag)`` reads a device bool back in the same sync and
+    raises :func:`~topo_attn.validation.check_finite`'s error for ``name`` if it is False."""
+    offsets, indices, status = rule_launch(salience, topk, sinks, window, finite[1] if finite else None)
+    total, is_finite = status.tolist()
+    if finite:
+        raise_unless_finite(finite[0], bool(is_finite))
+    return offsets, indices[:total]

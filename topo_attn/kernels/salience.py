@@ -27,8 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_BLOCKS = 4096
-"""Largest number of key blocks per lane the kernels take (Prim's per-block state lives in registers)."""
+from ..persistence import MAX_GPU_BLOCKS as MAX_BLOCKS
 
 
 @triton.jit

@@ -2,23 +2,28 @@
 shared schedule's single lane), with no host round trip and no Python loop over lanes or blocks.
 
 1. ``_distance_kernel``: the distance matrix, ``sqrt(sum((c_i - c_j)^2))``, upper-triangle tiles mirrored.
-2. ``_salience_kernel``, one program per lane, then (for more than :data:`ELDER_IN_PROGRAM` blocks) two grid
-   kernels for the elder rule's passes:
+2. The minimum spanning tree under the strict order ``(distance, min(i, j), max(i, j))`` (the same unique
+   tree as ``persistence._prim``) and its *Prim order*: position ``t`` holds the block that joined at step
+   ``t`` and the key of its tree edge. Two ways, picked by :func:`choose_mst`:
 
-   - Prim's minimum spanning tree under the strict order ``(distance, min(i, j), max(i, j))`` (the same
-     unique tree as ``persistence._prim``), recording the *Prim order*: position ``t`` holds the block that
-     joined at step ``t`` and the key of its tree edge;
-   - the union-find sweep of ``persistence._elder_salience``, without the sweep. In Prim order every cluster
-     of Kruskal's merge tree is a run of consecutive positions, and the edge at position ``t`` merges the runs
-     ``[a, t - 1]`` and ``[t, b]``, where ``a`` and ``b + 1`` are the nearest positions on either side holding
-     a heavier edge (the merge tree is the Cartesian tree of the edge keys). The run lengths are the component
-     sizes, so each edge knows which side moves (the smaller; equal sizes: the side holding the lower
-     endpoint ``i``) (``_merge_sides``). A block's salience is the length of the heaviest edge whose moving
-     side contains it: the last merge that moved it (``_elder_rows``). Both passes compare every position
-     with every edge, a tile of positions at a time, instead of ``n - 1`` dependent union-find steps.
+   - ``_salience_kernel``: Prim over all pairs, one program per lane, one distance row read per step;
+   - Boruvka rounds (``_nearest_kernel``: each block's lightest edge to another component, a grid over
+     rows; ``_hook_kernel``: each component's lightest edge, hooks and pointer jumping, one program per
+     lane), ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
+     ``n - 1`` tree edges and ``_tree_prim_kernel`` walks Prim's order over them alone: each step is one
+     integer minimum over registers (Prim over the tree takes the same edges in the same order).
+3. The union-find sweep of ``persistence._elder_salience``, without the sweep, in two grid kernels (or, up to
+   :data:`ELDER_IN_PROGRAM` blocks, at the end of the Prim program). In Prim order every cluster of
+   Kruskal's merge tree is a run of consecutive positions, and the edge at position ``t`` merges the runs
+   ``[a, t - 1]`` and ``[t, b]``, where ``a`` and ``b + 1`` are the nearest positions on either side holding
+   a heavier edge (the merge tree is the Cartesian tree of the edge keys). The run lengths are the component
+   sizes, so each edge knows which side moves (the smaller; equal sizes: the side holding the lower
+   endpoint ``i``) (``_merge_sides``). A block's salience is the length of the heaviest edge whose moving
+   side contains it: the last merge that moved it (``_elder_rows``). Both passes compare every position
+   with every edge, a tile of positions at a time, instead of ``n - 1`` dependent union-find steps.
 
-Prim keeps its per-block state (lightest edge into the tree and its key) in registers,
-``BLOCK = next_power_of_2(n)`` wide, so ``n`` is limited to :data:`MAX_BLOCKS`.
+Prim keeps its per-block state in registers, ``BLOCK = next_power_of_2(n)`` wide, so ``n`` is limited to
+:data:`MAX_BLOCKS`.
 """
 
 from __future__ import annotations
@@ -94,8 +99,9 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
     key = tl.where(outside, offs * 2 + 1, NONE)
     tl.store(Order + out, 0)
     for step in range(1, n):
-        # -- the lightest edge leaving the tree, ties to the lowest (low, high) pair, in one reduction
-        length, edge = tl.reduce((best, key), 0, _lighter)
+        # -- the lightest edge leaving the tree, ties to the lowest (low, high) pair: two plain reductions
+        length = tl.min(best, 0)
+        edge = tl.min(tl.where(best == length, key, NONE), 0)
         pair_low, pair_high = (edge // 2) // BLOCK, (edge // 2) % BLOCK
         # (the clamp only matters for NaN distances, which the callers reject: no read out of bounds)
         new = tl.minimum(tl.where(edge % 2 == 1, pair_high, pair_low), n - 1)
@@ -116,6 +122,155 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
     if ELDER:
         # -- small trees: the elder rule in this program, ROWS positions at a time; each pass reads what all
         # threads of the program wrote before it
+        tl.debug_barrier()
+        for start_t in range(0, n, ROWS):
+            _merge_sides(Order, Pair, Length, SideLo, SideHi, out, n, start_t, ROWS, COLS)
+        tl.debug_barrier()
+        for start_p in range(0, n, ROWS):
+            _elder_rows(Order, Length, SideLo, SideHi, Salience, out, n, start_p, ROWS, COLS)
+
+
+@triton.jit
+def _nearest_kernel(Dist, Comp, BestLen, BestKey, n, stride_lane, stride_row, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # -- Boruvka, part 1: for each block of a tile of rows, its lightest edge to another component
+    lane = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    NONE = n * n
+    comp = Comp + lane * n
+    comp_row = tl.load(comp + rows, mask=rows < n, other=-1)
+    best = tl.full([ROWS], float("inf"), BestLen.dtype.element_ty)
+    key = tl.full([ROWS], NONE, tl.int32)
+    dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row
+    for start in range(0, n, COLS):
+        cols = start + tl.arange(0, COLS)
+        comp_col = tl.load(comp + cols, mask=cols < n, other=-2)
+        outside = (comp_col[None, :] != comp_row[:, None]) & (cols[None, :] < n) & (rows[:, None] < n)
+        length = tl.load(dist + cols[None, :], mask=outside, other=float("inf"))
+        pair = tl.where(outside, tl.minimum(rows[:, None], cols[None, :]) * n + tl.maximum(rows[:, None], cols[None, :]),
+                        NONE)
+        # the shortest length, then the lowest pair among the edges of that length (two plain reductions)
+        chunk_len = tl.min(length, 1)
+        chunk_key = tl.min(tl.where(length == chunk_len[:, None], pair, NONE), 1)
+        best, key = _lighter(best, key, chunk_len, chunk_key)
+    tl.store(BestLen + lane * n + rows, best, mask=rows < n)
+    tl.store(BestKey + lane * n + rows, key, mask=rows < n)
+
+
+@triton.jit
+def _hook_kernel(Comp, BestLen, BestKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n,
+                 BLOCK: tl.constexpr, JUMPS: tl.constexpr):
+    # -- Boruvka, part 2 (one program per lane): each component takes its lightest outgoing edge and hooks
+    # onto the component across it; labels then follow the hooks to the new roots
+    lane = tl.program_id(0).to(tl.int64)
+    base = lane * n
+    v = tl.arange(0, BLOCK)
+    inside = v < n
+    NONE = n * n
+    comp = tl.load(Comp + base + v, mask=inside, other=0)
+    length = tl.load(BestLen + base + v, mask=inside, other=float("inf"))
+    key = tl.load(BestKey + base + v, mask=inside, other=NONE)
+    valid = inside & (key < NONE)
+    # lengths are >= 0 (or +inf), so their bit patterns order as integers: a min on the bits, then on the pair
+    bits = length.to(CompBits.dtype.element_ty, bitcast=True)
+    infinite = tl.full([BLOCK], float("inf"), BestLen.dtype.element_ty).to(CompBits.dtype.element_ty, bitcast=True)
+    tl.store(CompBits + base + v, infinite, mask=inside)
+    tl.store(CompKey + base + v, tl.full([BLOCK], NONE, tl.int32), mask=inside)
+    tl.debug_barrier()
+    tl.atomic_min(CompBits + base + comp, bits, mask=valid)
+    tl.debug_barrier()
+    shortest = tl.load(CompBits + base + comp, mask=valid, other=0)
+    tl.atomic_min(CompKey + base + comp, key, mask=valid & (bits == shortest))
+    tl.debug_barrier()
+    # -- a root hooks onto the component across its edge; when two components chose the same edge, the one
+    # with the lower label stays a root and records the edge (every tree edge is recorded once)
+    is_root = inside & (comp == v)
+    edge = tl.load(CompKey + base + v, mask=is_root, other=NONE)
+    has_edge = is_root & (edge < NONE)
+    lo, hi = edge // n, edge % n
+    comp_lo = tl.load(Comp + base + lo, mask=has_edge, other=0)
+    comp_hi = tl.load(Comp + base + hi, mask=has_edge, other=0)
+    target = tl.where(comp_lo == v, comp_hi, comp_lo)
+    mutual = tl.load(CompKey + base + target, mask=has_edge, other=NONE) == edge
+    hooks = has_edge & ~(mutual & (v < target))
+    records = has_edge & ~(mutual & (v > target))
+    count = tl.load(Count + lane)
+    slot = count + tl.cumsum(records.to(tl.int32), 0) - 1
+    records = records & (slot < n - 1)  # always true for finite distances (a forest has at most n - 1 edges)
+    edge_len = tl.load(CompBits + base + v, mask=records, other=0).to(EdgeLen.dtype.element_ty, bitcast=True)
+    tl.store(EdgeLo + base + slot, lo, mask=records)
+    tl.store(EdgeHi + base + slot, hi, mask=records)
+    tl.store(EdgeLen + base + slot, edge_len, mask=records)
+    tl.debug_barrier()
+    tl.store(Count + lane, count + tl.sum(records.to(tl.int32), 0))
+    # -- pointer jumping: roots point across their hook (or to themselves), other blocks to their root
+    jump = tl.where(hooks, target, comp)
+    for _ in tl.static_range(JUMPS):
+        tl.store(Jump + base + v, jump, mask=inside)
+        tl.debug_barrier()
+        jump = tl.load(Jump + base + jump, mask=inside, other=0)
+        tl.debug_barrier()
+    tl.store(Comp + base + v, jump, mask=inside)
+
+
+@triton.jit
+def _edge_rank_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+    # -- each tree edge's rank under the strict order (length, lo, hi); ByRank[rank] is the edge
+    lane = tl.program_id(1).to(tl.int64)
+    base = lane * n
+    e = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    real_e = e < n - 1
+    len_e = tl.load(EdgeLen + base + e, mask=real_e, other=0.0)
+    pair_e = tl.load(EdgeLo + base + e, mask=real_e, other=0) * n + tl.load(EdgeHi + base + e, mask=real_e, other=0)
+    rank = tl.zeros([ROWS], tl.int32)
+    for start in range(0, n - 1, COLS):
+        f = start + tl.arange(0, COLS)
+        real_f = f < n - 1
+        len_f = tl.load(EdgeLen + base + f, mask=real_f, other=0.0)
+        pair_f = tl.load(EdgeLo + base + f, mask=real_f, other=0) * n + tl.load(EdgeHi + base + f, mask=real_f, other=0)
+        lighter = (len_f[None, :] < len_e[:, None]) | ((len_f[None, :] == len_e[:, None]) & (pair_f[None, :] < pair_e[:, None]))
+        rank += tl.sum((lighter & real_f[None, :]).to(tl.int32), 1)
+    tl.store(ByRank + base + rank, e, mask=real_e)
+
+
+@triton.jit
+def _tree_prim_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, SideLo, SideHi, Salience, n,
+                      BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr):
+    # -- Prim's order over the tree's n - 1 edges alone (the same order as over all pairs: Prim only ever
+    # takes tree edges), edges in rank order, each edge's endpoint flags in registers: one integer minimum
+    # and no memory read per step
+    lane = tl.program_id(0).to(tl.int64)
+    out = lane * n
+    r = tl.arange(0, BLOCK)  # the edge of rank r
+    real = r < n - 1
+    edge = tl.load(ByRank + out + r, mask=real, other=0)
+    lo = tl.load(EdgeLo + out + edge, mask=real, other=0)
+    hi = tl.load(EdgeHi + out + edge, mask=real, other=0)
+    NONE: tl.constexpr = BLOCK * BLOCK
+    lo_in = real & (lo == 0)
+    hi_in = real & (hi == 0)
+    tl.store(Order + out, 0)
+    for step in range(1, n):
+        # -- the lowest-ranked edge with one end in the tree; key = rank * BLOCK + its end outside the tree
+        key = tl.where(lo_in != hi_in, r * BLOCK + tl.where(lo_in, hi, lo), NONE)
+        chosen = tl.min(key, 0)
+        new = chosen % BLOCK
+        tl.store(Order + out + step, new)
+        tl.store(Pair + out + step, chosen // BLOCK)  # the rank for now: pairs and lengths after the loop
+        lo_in = lo_in | (real & (lo == new))
+        hi_in = hi_in | (real & (hi == new))
+    # -- each position's edge: from its rank to its pair and length
+    tl.debug_barrier()
+    t = r + 1
+    # (the clamp only matters for NaN distances, where the tree may not span: no read out of bounds)
+    rank_t = tl.minimum(tl.load(Pair + out + t, mask=t < n, other=0), n - 2)
+    edge_t = tl.load(ByRank + out + rank_t, mask=t < n, other=0)
+    pair_t = tl.load(EdgeLo + out + edge_t, mask=t < n, other=0) * n + tl.load(EdgeHi + out + edge_t, mask=t < n, other=0)
+    length_t = tl.load(EdgeLen + out + edge_t, mask=t < n, other=0.0)
+    tl.debug_barrier()
+    tl.store(Pair + out + t, pair_t, mask=t < n)
+    tl.store(Length + out + t, length_t, mask=t < n)
+
+    if ELDER:
         tl.debug_barrier()
         for start_t in range(0, n, ROWS):
             _merge_sides(Order, Pair, Length, SideLo, SideHi, out, n, start_t, ROWS, COLS)
@@ -199,12 +354,54 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
+def _boruvka(dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Minimum spanning trees of distance matrices ``[L, n, n]`` under the strict order ``(distance, i, j)``
+    by Boruvka rounds: ``(lo, hi, length)``, each ``[L, n]`` with the ``n - 1`` tree edges (``lo < hi``) of
+    each lane first, in no particular order. ``ceil(log2(n))`` rounds of two launches (components at least
+    halve each round), with no host sync."""
+    lanes, n, _ = dist.shape
+    device, block = dist.device, triton.next_power_of_2(n)
+    comp = torch.arange(n, dtype=torch.int32, device=device).repeat(lanes)
+    best_len = torch.empty(lanes * n, dtype=dist.dtype, device=device)
+    edge_len = torch.zeros(lanes * n, dtype=dist.dtype, device=device)
+    best_key, comp_key, jump = torch.empty(3, lanes * n, dtype=torch.int32, device=device).unbind(0)
+    # zeros: with NaN distances the tree may not span, and the unfilled slots must still index blocks
+    edge_lo, edge_hi = torch.zeros(2, lanes * n, dtype=torch.int32, device=device).unbind(0)
+    bits = torch.int64 if dist.dtype == torch.float64 else torch.int32
+    comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
+    count = torch.zeros(lanes, dtype=torch.int32, device=device)
+    log_n = (n - 1).bit_length()
+    rows, cols = 16, min(256, block)
+    for _ in range(log_n):
+        _nearest_kernel[(triton.cdiv(n, rows), lanes)](dist, comp, best_len, best_key, n, dist.stride(0),
+                                                      dist.stride(1), ROWS=rows, COLS=cols, num_warps=4)
+        _hook_kernel[(lanes,)](comp, best_len, best_key, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len,
+                               count, n, BLOCK=block, JUMPS=log_n + 1, num_warps=_num_warps(block))
+    return edge_lo.view(lanes, n), edge_hi.view(lanes, n), edge_len.view(lanes, n)
+
+
+PRIM_MAX_BLOCKS = 128
+"""Up to this many blocks Prim over all pairs is as fast as Boruvka + Prim over the tree (H200, NOTES.md)."""
+
+BORUVKA_MAX_BYTES = 512 * 2**20
+"""Above this many bytes of distances Prim over all pairs is used: each Boruvka round reads all of them (on the
+H200, 32 lanes of 2048 blocks in float64, 1 GiB: Prim 7.4 ms, Boruvka 10.2 ms)."""
+
+
+def choose_mst(lanes: int, n: int, dtype: torch.dtype) -> str:
+    """The tree search that :func:`salience_kernels` uses by default: ``"prim"`` or ``"boruvka"``."""
+    big = lanes * n * n * torch.finfo(dtype).bits // 8 > BORUVKA_MAX_BYTES
+    return "prim" if n <= PRIM_MAX_BLOCKS or big else "boruvka"
+
+
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
-                     elder_in_program: bool | None = None) -> torch.Tensor:
+                     elder_in_program: bool | None = None, mst: str | None = None) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
     ``num_warps`` overrides Prim's warp count, ``elder_in_program`` where the elder-rule passes run (by
     default in the Prim program up to :data:`ELDER_IN_PROGRAM` blocks, in a grid of programs above).
+    ``mst``: ``"boruvka"`` finds the tree in parallel rounds and then walks Prim's order over its edges
+    alone; ``"prim"`` runs Prim over the whole distance matrix; by default :func:`choose_mst` picks.
 
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
     exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
@@ -219,9 +416,22 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
     length, salience = torch.empty(2, lanes, n, dtype=centroids.dtype, device=device).unbind(0)
     in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
     rows, cols = 16, min(256, block)
-    _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
-                               dist.stride(1), BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
-                               num_warps=num_warps or _num_warps(block))
+    if mst is None:
+        mst = choose_mst(lanes, n, centroids.dtype)
+    if mst not in ("prim", "boruvka"):
+        raise ValueError(f"mst must be 'prim' or 'boruvka', got {mst!r}")
+    if mst == "boruvka":
+        edge_lo, edge_hi, edge_len = _boruvka(dist)
+        by_rank = torch.zeros(lanes, n, dtype=torch.int32, device=device)  # (all written unless distances are NaN)
+        _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
+                                                       COLS=min(64, block), num_warps=4)
+        _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo, side_hi,
+                                    salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
+                                    num_warps=num_warps or _num_warps(block))
+    else:
+        _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
+                                   dist.stride(1), BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
+                                   num_warps=num_warps or _num_warps(block))
     if not in_program:
         grid = (triton.cdiv(n, rows), lanes)
         _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)

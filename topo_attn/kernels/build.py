@@ -20,7 +20,8 @@ import triton
 from ..validation import raise_unless_finite
 from .centroids import block_centroids_kernel
 from .rule_rows import rule_launch
-from .salience import salience_kernels
+from .rule_rows import split_rows
+from .salience import salience_and_finite
 
 GRAPH_MAX_BYTES = 512 * 2**20
 """Largest distance scratch (``lanes * n * n`` entries of the build's dtype) that a cached graph may hold;
@@ -36,10 +37,10 @@ _graphs: OrderedDict[tuple, "_BuildGraph"] = OrderedDict()
 
 
 def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
-    """Centroids ``[L, n, D]`` -> ``(offsets, indices buffer, status)`` of :func:`.rule_rows.rule_launch`,
-    with no host sync; the status holds the centroids' finiteness flag."""
-    finite = torch.isfinite(centroids).all()
-    return rule_launch(salience_kernels(centroids), topk, sinks, window, finite)
+    """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rule_rows.rule_launch`, with no host
+    sync; the status holds the centroids' finiteness flag."""
+    salience, finite = salience_and_finite(centroids)
+    return rule_launch(salience, topk, sinks, window, finite)
 
 
 class _BuildGraph:
@@ -47,7 +48,8 @@ class _BuildGraph:
 
     def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
                  rule: tuple[int, int, int]):
-        self.centroids = torch.zeros(lanes, n, dim, dtype=dtype, device=device)
+        # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
+        self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -92,11 +94,12 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         graph = _graph_for(key, lanes, n, dim, dtype, device, rule)
         block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
         graph.graph.replay()
-        offsets, indices, status = graph.outputs
+        rows, status = graph.outputs
     else:
-        offsets, indices, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
+        rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
     total, finite = status.tolist()
     raise_unless_finite("keys", bool(finite))
-    if graphed:  # the graph's buffers are overwritten by its next replay
-        return offsets.clone(), indices[:total].clone()
-    return offsets, indices[:total]
+    row_count = lanes * n
+    if graphed:  # the graph's buffers are overwritten by its next replay: one copy of offsets and indices
+        rows = rows[:row_count + 1 + total].clone()
+    return split_rows(rows, row_count, total)

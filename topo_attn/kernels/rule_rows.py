@@ -1,6 +1,9 @@
 """Triton kernels assembling #22's rule (sinks + window + top-k) into CSR rows on the GPU, straight from the
-saliences, in two launches (top-k and counts, then the rows into a buffer of the most entries the rule can
-give) around one cumulative sum; the host sync that reads the entry count back comes last.
+saliences, in two grids: each block's rank and whether it is a top-k block that joins rows as such (not a
+sink); then, per tile of rows, the row offsets (counted in closed form: the sinks and the window depend only on
+the row, a top-k block ``b`` is in every row from ``b + window + 1`` on), the rows themselves (sinks, top-k
+blocks, window: already in increasing order, no sort) into a buffer of the most entries the rule can give,
+and a status of the entry count and a finiteness flag. The host sync that reads the status back comes last.
 """
 
 from __future__ import annotations
@@ -13,60 +16,96 @@ from ..validation import raise_unless_finite
 
 
 @triton.jit
-def _rule_candidates(Top, lane, rows, nb, sinks, window, topk, stride_top, M: tl.constexpr):
-    """The rule's candidate blocks ``[rows, M]`` for query blocks ``rows`` and which of them are kept."""
-    j = tl.arange(0, M)
-    # -- candidates per row: sinks 0..sinks-1, the window qb-window..qb, then the lane's top-k blocks
-    is_sink = j < sinks
-    is_window = (j >= sinks) & (j < sinks + window + 1)
-    is_top = (j >= sinks + window + 1) & (j < sinks + window + 1 + topk)
-    top = tl.load(Top + lane * stride_top + (j - sinks - window - 1), mask=is_top, other=0)
-    qb = rows[:, None]
-    value = tl.where(is_sink[None, :], j[None, :], tl.where(is_window[None, :], qb - (j - sinks)[None, :], top[None, :]))
-    # -- each block once (a sink before a window block before a top-k block), causal, inside the sequence
-    valid = (is_sink | is_window | is_top)[None, :] & (qb < nb) & (value >= 0) & (value <= qb)
-    valid &= ~is_window[None, :] | (value >= sinks)
-    valid &= ~is_top[None, :] | ((value >= sinks) & (value < qb - window))
-    return value, valid
+def _fixed_count(q, sinks, window):
+    """Entries of row ``q`` that do not depend on the saliences: the sinks up to ``q``, then the window blocks
+    that are not sinks."""
+    return tl.minimum(sinks, q + 1) + tl.maximum(q - tl.maximum(sinks, q - window) + 1, 0)
 
 
 @triton.jit
-def _top_counts_kernel(Sal, Top, Counts, nb, sinks, window, topk, stride_sal, stride_top,
-                       RANK_ROWS: tl.constexpr, RANK_COLS: tl.constexpr, BLOCK_R: tl.constexpr, M: tl.constexpr):
-    lane = tl.program_id(0).to(tl.int64)
-    sal = Sal + lane * stride_sal
-    # -- each block's rank: the blocks more salient than it, or as salient with a lower index; the top-k
-    # blocks (ranks below topk) go to Top in rank order
-    for start_b in range(0, nb, RANK_ROWS):
-        b = start_b + tl.arange(0, RANK_ROWS)
-        s_b = tl.load(sal + b, mask=b < nb, other=0.0)
-        rank = tl.zeros([RANK_ROWS], tl.int32)
-        for start_j in range(0, nb, RANK_COLS):
-            j = start_j + tl.arange(0, RANK_COLS)
-            s_j = tl.load(sal + j, mask=j < nb, other=0.0)
-            ahead = (s_j[None, :] > s_b[:, None]) | ((s_j[None, :] == s_b[:, None]) & (j[None, :] < b[:, None]))
-            rank += tl.sum((ahead & (j < nb)[None, :]).to(tl.int32), 1)
-        tl.store(Top + lane * stride_top + rank, b, mask=(b < nb) & (rank < topk))
-    # -- every row's entry count, from the top-k blocks all threads of the program wrote above
-    tl.debug_barrier()
-    for start_r in range(0, nb, BLOCK_R):
-        rows = start_r + tl.arange(0, BLOCK_R)
-        _, valid = _rule_candidates(Top, lane, rows, nb, sinks, window, topk, stride_top, M)
-        tl.store(Counts + lane * nb + rows, tl.sum(valid.to(tl.int32), 1), mask=rows < nb)
-
-
-@triton.jit
-def _rule_rows_kernel(Top, Offsets, Indices, nb, sinks, window, topk, stride_top,
-                      BLOCK_R: tl.constexpr, M: tl.constexpr):
+def _top_flags_kernel(Sal, Flags, Parts, nb, sinks, window, topk, stride_sal, ROWS: tl.constexpr,
+                      COLS: tl.constexpr):
     lane = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # query blocks
-    value, valid = _rule_candidates(Top, lane, rows, nb, sinks, window, topk, stride_top, M)
-    count = tl.sum(valid.to(tl.int32), 1)
-    # -- the row's blocks in increasing order at its CSR offset
-    ordered = tl.sort(tl.where(valid, value, nb), 1)
-    start = tl.load(Offsets + lane * nb + rows, mask=rows < nb, other=0)
-    j = tl.arange(0, M)
-    tl.store(Indices + start[:, None].to(tl.int64) + j[None, :], ordered, mask=j[None, :] < count[:, None])
+    tile = tl.program_id(0)
+    b = tile * ROWS + tl.arange(0, ROWS)
+    sal = Sal + lane * stride_sal
+    # -- each block's rank: the blocks more salient than it, or as salient with a lower index
+    s_b = tl.load(sal + b, mask=b < nb, other=0.0)
+    rank = tl.zeros([ROWS], tl.int32)
+    for start in range(0, nb, COLS):
+        j = start + tl.arange(0, COLS)
+        s_j = tl.load(sal + j, mask=j < nb, other=0.0)
+        ahead = (s_j[None, :] > s_b[:, None]) | ((s_j[None, :] == s_b[:, None]) & (j[None, :] < b[:, None]))
+        rank += tl.sum((ahead & (j < nb)[None, :]).to(tl.int32), 1)
+    # -- a top-k block that is not a sink joins every row from ``b + window + 1`` on; the tile's share of the
+    # lane's entry count
+    flag = (b < nb) & (rank < topk) & (b >= sinks)
+    tl.store(Flags + lane * nb + b, flag.to(tl.int8), mask=b < nb)
+    rows_with_b = tl.maximum(nb - b - window - 1, 0)
+    tl.store(Parts + lane * tl.num_programs(0) + tile, tl.sum(tl.where(flag, rows_with_b, 0), 0))
+
+
+@triton.jit
+def _rule_rows_kernel(Flags, Parts, Finite, Offsets, Indices, Status, lanes, nb, sinks, window, parts_per_lane,
+                      finite_count, BLOCK_R: tl.constexpr, COLS: tl.constexpr):
+    lane = tl.program_id(1).to(tl.int64)
+    qb = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # query blocks
+    flags = Flags + lane * nb
+    # -- per row: the entries of the rows before it in the lane, and its top-k entries (top-k blocks that
+    # are neither sinks nor in the window); and the lane's fixed entries (sinks and window) in all
+    before = tl.zeros([BLOCK_R], tl.int64)
+    top_count = tl.zeros([BLOCK_R], tl.int32)
+    fixed_total = tl.zeros([COLS], tl.int64)
+    for start in range(0, nb, COLS):
+        c = start + tl.arange(0, COLS)
+        real = c < nb
+        fixed = tl.where(real, _fixed_count(c, sinks, window), 0)
+        flag = tl.load(flags + c, mask=real, other=0).to(tl.int32)
+        later_rows = tl.maximum(qb[:, None] - c[None, :] - window - 1, 0)  # rows q < qb holding block c
+        before += tl.sum(tl.where(c[None, :] < qb[:, None], fixed[None, :], 0) + flag[None, :] * later_rows, 1)
+        top_count += tl.sum(flag[None, :] * (c[None, :] <= qb[:, None] - window - 1), 1)
+        fixed_total += fixed
+    lane_fixed = tl.sum(fixed_total, 0)
+    # -- the lane's first entry: the entries of the lanes before it
+    base = lane * lane_fixed
+    for start in range(0, lane * parts_per_lane, COLS):
+        p = start + tl.arange(0, COLS)
+        base += tl.sum(tl.load(Parts + p, mask=p < lane * parts_per_lane, other=0).to(tl.int64), 0)
+    row = qb < nb
+    start_q = base + before
+    tl.store(Offsets + lane * nb + qb, start_q.to(tl.int32), mask=row)
+    # -- the row's blocks in increasing order: sinks, top-k blocks, window
+    sink_count = tl.minimum(sinks, qb + 1)
+    for start in range(0, sinks, COLS):
+        j = start + tl.arange(0, COLS)
+        tl.store(Indices + start_q[:, None] + j[None, :], j[None, :], mask=row[:, None] & (j[None, :] < sink_count[:, None]))
+    seen = tl.zeros([BLOCK_R], tl.int32)
+    for start in range(0, nb, COLS):
+        c = start + tl.arange(0, COLS)
+        flag = tl.load(flags + c, mask=c < nb, other=0).to(tl.int32)
+        at = seen[:, None] + tl.cumsum(flag, 0)[None, :] - flag[None, :]
+        keep = row[:, None] & (flag[None, :] != 0) & (c[None, :] <= qb[:, None] - window - 1)
+        tl.store(Indices + (start_q + sink_count)[:, None] + at, c[None, :], mask=keep)
+        seen += tl.sum(flag, 0)
+    window_lo = tl.maximum(sinks, qb - window)
+    window_count = tl.maximum(qb - window_lo + 1, 0)
+    for start in range(0, window + 1, COLS):
+        j = start + tl.arange(0, COLS)
+        tl.store(Indices + (start_q + sink_count + top_count)[:, None] + j[None, :], window_lo[:, None] + j[None, :],
+                 mask=row[:, None] & (j[None, :] < window_count[:, None]))
+    # -- the last lane's first program: the closing offset and the status (entry count, finiteness flag)
+    if (tl.program_id(0) == 0) & (lane == lanes - 1):
+        total = base + lane_fixed
+        for start in range(0, parts_per_lane, COLS):
+            p = start + tl.arange(0, COLS)
+            total += tl.sum(tl.load(Parts + lane * parts_per_lane + p, mask=p < parts_per_lane, other=0).to(tl.int64), 0)
+        tl.store(Offsets + lanes * nb, total.to(tl.int32))
+        finite = tl.full([COLS], 1, tl.int32)
+        for start in range(0, finite_count, COLS):
+            f = start + tl.arange(0, COLS)
+            finite = tl.minimum(finite, (tl.load(Finite + f, mask=f < finite_count, other=1) != 0).to(tl.int32))
+        tl.store(Status, total)
+        tl.store(Status + 1, tl.min(finite, 0).to(tl.int64))
 
 
 def rule_bound(nb: int, topk: int, sinks: int, window: int) -> int:
@@ -79,27 +118,33 @@ def rule_bound(nb: int, topk: int, sinks: int, window: int) -> int:
 
 
 def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
-                finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph): returns ``offsets``, an
-    indices buffer of :func:`rule_bound` entries per lane whose first ``offsets[-1]`` entries are the rows,
-    and a device ``int64 [2]`` status ``(offsets[-1], finite)`` (``finite``: a device bool, True if None)."""
+                finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches. Returns
+    ``rows``, one int32 buffer holding the offsets (``L * nb + 1``) and then room for :func:`rule_bound`
+    entries per lane, whose first ``offsets[-1]`` entries are the indices; and a device ``int64 [2]`` status
+    ``(offsets[-1], finite)``. ``finite``: device flags (any shape, bool or integer), all nonzero or not;
+    None counts as finite."""
     lanes, nb = salience.shape
     device = salience.device
-    m = triton.next_power_of_2(sinks + window + 1 + topk)
-    block_r = max(1, min(64, 4096 // m))
-    top = torch.empty(lanes, max(topk, 1), dtype=torch.int32, device=device)
-    counts = torch.empty(lanes * nb, dtype=torch.int32, device=device)
-    offsets = torch.zeros(lanes * nb + 1, dtype=torch.int32, device=device)
-    rank_cols = min(64, triton.next_power_of_2(nb))
-    _top_counts_kernel[(lanes,)](salience, top, counts, nb, sinks, window, topk, salience.stride(0), top.stride(0),
-                                 RANK_ROWS=64, RANK_COLS=rank_cols, BLOCK_R=block_r, M=m, num_warps=8)
-    torch.cumsum(counts, dim=0, out=offsets[1:])
-    indices = torch.empty(lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32, device=device)
-    grid = (triton.cdiv(nb, block_r), lanes)
-    _rule_rows_kernel[grid](top, offsets, indices, nb, sinks, window, topk, top.stride(0), BLOCK_R=block_r, M=m)
-    status = torch.stack([offsets[-1].long(), offsets.new_ones((), dtype=torch.int64) if finite is None
-                          else finite.long()])
-    return offsets, indices, status
+    rank_rows, cols = 64, min(64, triton.next_power_of_2(nb))
+    parts_per_lane = triton.cdiv(nb, rank_rows)
+    flags = torch.empty(lanes, nb, dtype=torch.int8, device=device)
+    parts = torch.empty(lanes, parts_per_lane, dtype=torch.int32, device=device)
+    _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
+                                               ROWS=rank_rows, COLS=cols, num_warps=4)
+    rows = torch.empty(lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32,
+                       device=device)
+    status = torch.empty(2, dtype=torch.int64, device=device)
+    if finite is None:
+        finite = status[:0]  # no flags
+    elif finite.dtype == torch.bool:
+        finite = finite.view(torch.uint8)
+    finite = finite.reshape(-1)
+    block_r = 32
+    _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, rows, rows[lanes * nb + 1:], status,
+                                                         lanes, nb, sinks, window, parts_per_lane, finite.numel(),
+                                                         BLOCK_R=block_r, COLS=cols, num_warps=4)
+    return rows, status
 
 
 def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
@@ -108,10 +153,16 @@ def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
     per query block ``qb`` of each lane, the blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's
     ``topk`` most salient blocks (ties to the lower index, as :func:`~topo_attn.top_salient_blocks`) that
     are ``<= qb``, sorted and without duplicates. ``sinks <= nb``, ``window < nb`` and ``topk <= nb``. One
-    host sync (the number of entries); ``finite=(name, flag)`` reads a device bool back in the same sync and
-    raises :func:`~topo_attn.validation.check_finite`'s error for ``name`` if it is False."""
-    offsets, indices, status = rule_launch(salience, topk, sinks, window, finite[1] if finite else None)
+    host sync (the number of entries); ``finite=(name, flags)`` reads device flags back in the same sync and
+    raises :func:`~topo_attn.validation.check_finite`'s error for ``name`` unless all are nonzero."""
+    rows, status = rule_launch(salience, topk, sinks, window, finite[1] if finite else None)
     total, is_finite = status.tolist()
     if finite:
         raise_unless_finite(finite[0], bool(is_finite))
-    return offsets, indices[:total]
+    return split_rows(rows, salience.numel(), total)
+
+
+def split_rows(rows: torch.Tensor, row_count: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, indices)`` views of :func:`rule_launch`'s buffer for ``row_count = L * nb`` rows and
+    ``total`` entries."""
+    return rows[:row_count + 1], rows[row_count + 1:row_count + 1 + total]

@@ -36,10 +36,11 @@ from ..persistence import MAX_GPU_BLOCKS as MAX_BLOCKS
 
 
 @triton.jit
-def _distance_kernel(C, Dist, n, dim, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
-                     BLOCK: tl.constexpr):
+def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl,
+                     stride_dn, BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr,
+                     FINITE: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
-    # -- upper-triangle tiles only: tile (i, j) also writes (j, i)
+    # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
     if tile_j >= tile_i:
         lane = tl.program_id(2).to(tl.int64)
         rows = tile_i * BLOCK + tl.arange(0, BLOCK)
@@ -54,27 +55,81 @@ def _distance_kernel(C, Dist, n, dim, stride_cl, stride_cd, stride_cn, stride_dl
             diff = a[:, None] - b[None, :]
             acc += diff * diff
         dist = tl.sqrt(acc)
-        # -- store the tile and its mirror image
+        # -- store the tile and, for Prim's full rows, its mirror image
         out = Dist + lane * stride_dl
         inside = (rows[:, None] < n) & (cols[None, :] < n)
         tl.store(out + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], dist, mask=inside)
-        if tile_j > tile_i:
-            tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
-                     mask=(cols[:, None] < n) & (rows[None, :] < n))
+        if MIRROR:  # (nested: a constexpr `and` a runtime value did not branch on triton 3.6)
+            if tile_j > tile_i:
+                tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
+                         mask=(cols[:, None] < n) & (rows[None, :] < n))
+        # -- a diagonal tile flags whether its centroids are finite: a block is 0 from itself unless it holds a
+        # NaN or an infinity (inf - inf is NaN)
+        if FINITE:
+            if tile_j == tile_i:
+                on_diagonal = (rows[:, None] == cols[None, :]) & inside
+                tl.store(Finite + lane * slots + tile_i, tl.min(tl.where(on_diagonal, dist == 0, 1).to(tl.int32)))
+        # -- Boruvka's first round for free: every block is its own component
+        if MINIMA:
+            _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
 
 
-def distances(centroids: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, slots, tile_i, tile_j):
+    """Within one upper-triangle tile of distances ``length [rows, cols]``: each row's lightest edge to
+    another component and, off the diagonal, each column's; stored as the partial minimum of that block
+    over that tile (``[block, other tile]`` of ``PLen`` / ``PKey``, every slot written once)."""
+    NONE = n * n
+    outside = (comp_row[:, None] != comp_col[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
+    length = tl.where(outside, length, float("inf"))
+    pair = tl.where(outside, tl.minimum(rows[:, None], cols[None, :]) * n + tl.maximum(rows[:, None], cols[None, :]),
+                    NONE)
+    # -- the shortest length, then the lowest pair among the edges of that length (two plain reductions)
+    row_len = tl.min(length, 1)
+    row_key = tl.min(tl.where(length == row_len[:, None], pair, NONE), 1)
+    tl.store(PLen + base + rows * slots + tile_j, row_len, mask=rows < n)
+    tl.store(PKey + base + rows * slots + tile_j, row_key, mask=rows < n)
+    if tile_j > tile_i:  # the mirror tile (j, i): the columns' edges to these rows
+        col_len = tl.min(length, 0)
+        col_key = tl.min(tl.where(length == col_len[None, :], pair, NONE), 0)
+        tl.store(PLen + base + cols * slots + tile_i, col_len, mask=cols < n)
+        tl.store(PKey + base + cols * slots + tile_i, col_key, mask=cols < n)
+
+
+def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
+    """(tile, warps) of the distance kernel (and Boruvka's tile searches), from an H200 sweep (NOTES.md): 32 x
+    32 tiles on one warp, except where they would leave most SMs idle (fewer than 512 tiles: one lane of 512
+    blocks), then 16 x 16 tiles."""
+    tiles = lanes * triton.cdiv(n, 32) * (triton.cdiv(n, 32) + 1) // 2
+    if tiles < 512:
+        return (16, 8) if dtype == torch.float64 else (16, 4)
+    return 32, 1
+
+
+def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.Tensor, torch.Tensor] | None = None,
+              finite: torch.Tensor | None = None) -> torch.Tensor:
     """``sqrt(sum((c_i - c_j)^2))`` for centroids ``[L, n, D]`` -> ``[L, n, n]`` in their dtype: no
-    Gram-matrix shortcut (duplicates are exactly 0 apart), exactly symmetric."""
+    Gram-matrix shortcut (duplicates are exactly 0 apart), exactly symmetric. ``mirror=False`` writes only
+    the upper-triangle tiles (of :func:`_distance_tile`'s size; the rest stays unset), half the bytes, all
+    Boruvka reads. ``minima=(lengths, keys)``, each ``[L, n, tiles]``: also writes Boruvka's first-round
+    partial minima (every block its own component), as :func:`_tile_minima`. ``finite``: an int32 ``[L,
+    tiles]`` buffer that gets 1 where a tile's centroids are all finite, else 0."""
     lanes, n, dim = centroids.shape
     features_first = centroids.transpose(1, 2).contiguous()  # [L, D, n]: one feature of 64 blocks is one load
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
-    # tiles from an H200 sweep (NOTES.md): float64 is compute-bound and prefers small tiles
-    block, warps = (32, 4) if centroids.dtype == torch.float64 else (64, 8)
-    grid = (triton.cdiv(n, block), triton.cdiv(n, block), lanes)
-    _distance_kernel[grid](features_first, dist, n, dim, *features_first.stride(), dist.stride(0), dist.stride(1),
-                           BLOCK=block, num_warps=warps)
+    block, warps = _distance_tile(centroids.dtype, lanes, n)
+    tiles = triton.cdiv(n, block)
+    grid = (tiles, tiles, lanes)
+    plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
+    _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, n, dim, tiles,
+                           *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block, MIRROR=mirror,
+                           MINIMA=minima is not None, FINITE=finite is not None, num_warps=warps)
     return dist
+
+
+def finite_flags(lanes: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The int32 ``[L, tiles]`` buffer for :func:`distances`' finiteness flags."""
+    return torch.empty(lanes, triton.cdiv(n, _distance_tile(dtype, lanes, n)[0]), dtype=torch.int32, device=device)
 
 
 @triton.jit
@@ -131,48 +186,57 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 
 
 @triton.jit
-def _nearest_kernel(Dist, Comp, BestLen, BestKey, n, stride_lane, stride_row, ROWS: tl.constexpr, COLS: tl.constexpr):
-    # -- Boruvka, part 1: for each block of a tile of rows, its lightest edge to another component
-    lane = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    NONE = n * n
-    comp = Comp + lane * n
-    comp_row = tl.load(comp + rows, mask=rows < n, other=-1)
-    best = tl.full([ROWS], float("inf"), BestLen.dtype.element_ty)
-    key = tl.full([ROWS], NONE, tl.int32)
-    dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row
-    for start in range(0, n, COLS):
-        cols = start + tl.arange(0, COLS)
+def _nearest_kernel(Dist, Comp, PLen, PKey, Count, n, slots, stride_lane, stride_row, BLOCK: tl.constexpr):
+    # -- Boruvka, part 1: per upper-triangle tile, each block's lightest edge to another component (a lane
+    # whose tree is complete does nothing)
+    tile_i, tile_j = tl.program_id(0), tl.program_id(1)
+    lane = tl.program_id(2).to(tl.int64)
+    if (tile_j >= tile_i) & (tl.load(Count + lane) < n - 1):
+        rows = tile_i * BLOCK + tl.arange(0, BLOCK)
+        cols = tile_j * BLOCK + tl.arange(0, BLOCK)
+        comp = Comp + lane * n
+        comp_row = tl.load(comp + rows, mask=rows < n, other=-1)
         comp_col = tl.load(comp + cols, mask=cols < n, other=-2)
-        outside = (comp_col[None, :] != comp_row[:, None]) & (cols[None, :] < n) & (rows[:, None] < n)
-        length = tl.load(dist + cols[None, :], mask=outside, other=float("inf"))
-        pair = tl.where(outside, tl.minimum(rows[:, None], cols[None, :]) * n + tl.maximum(rows[:, None], cols[None, :]),
-                        NONE)
-        # the shortest length, then the lowest pair among the edges of that length (two plain reductions)
-        chunk_len = tl.min(length, 1)
-        chunk_key = tl.min(tl.where(length == chunk_len[:, None], pair, NONE), 1)
-        best, key = _lighter(best, key, chunk_len, chunk_key)
-    tl.store(BestLen + lane * n + rows, best, mask=rows < n)
-    tl.store(BestKey + lane * n + rows, key, mask=rows < n)
+        outside = (comp_row[:, None] != comp_col[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
+        dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row + cols[None, :]
+        length = tl.load(dist, mask=outside, other=float("inf"))
+        _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
 
 
 @triton.jit
-def _hook_kernel(Comp, BestLen, BestKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n,
-                 BLOCK: tl.constexpr, JUMPS: tl.constexpr):
+def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
+                 BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
     # -- Boruvka, part 2 (one program per lane): each component takes its lightest outgoing edge and hooks
     # onto the component across it; labels then follow the hooks to the new roots
     lane = tl.program_id(0).to(tl.int64)
+    count = tl.load(Count + lane)
+    if count >= n - 1:  # the tree is complete
+        return
     base = lane * n
     v = tl.arange(0, BLOCK)
     inside = v < n
     NONE = n * n
-    comp = tl.load(Comp + base + v, mask=inside, other=0)
-    length = tl.load(BestLen + base + v, mask=inside, other=float("inf"))
-    key = tl.load(BestKey + base + v, mask=inside, other=NONE)
+    if FIRST:  # every block its own component
+        comp = v
+    else:
+        comp = tl.load(Comp + base + v, mask=inside, other=0)
+    # -- each block's lightest edge to another component: the least of its partial minima over the tiles,
+    # SLOTS tiles at a time
+    length = tl.full([BLOCK], float("inf"), PLen.dtype.element_ty)
+    key = tl.full([BLOCK], NONE, tl.int32)
+    for start in range(0, slots, SLOTS):
+        s = start + tl.arange(0, SLOTS)
+        slot = base * slots + v[:, None] * slots + s[None, :]
+        real = inside[:, None] & (s[None, :] < slots)
+        partial_len = tl.load(PLen + slot, mask=real, other=float("inf"))
+        partial_key = tl.load(PKey + slot, mask=real, other=NONE)
+        chunk_len = tl.min(partial_len, 1)
+        chunk_key = tl.min(tl.where(partial_len == chunk_len[:, None], partial_key, NONE), 1)
+        length, key = _lighter(length, key, chunk_len, chunk_key)
     valid = inside & (key < NONE)
     # lengths are >= 0 (or +inf), so their bit patterns order as integers: a min on the bits, then on the pair
     bits = length.to(CompBits.dtype.element_ty, bitcast=True)
-    infinite = tl.full([BLOCK], float("inf"), BestLen.dtype.element_ty).to(CompBits.dtype.element_ty, bitcast=True)
+    infinite = tl.full([BLOCK], float("inf"), PLen.dtype.element_ty).to(CompBits.dtype.element_ty, bitcast=True)
     tl.store(CompBits + base + v, infinite, mask=inside)
     tl.store(CompKey + base + v, tl.full([BLOCK], NONE, tl.int32), mask=inside)
     tl.debug_barrier()
@@ -187,28 +251,36 @@ def _hook_kernel(Comp, BestLen, BestKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi
     edge = tl.load(CompKey + base + v, mask=is_root, other=NONE)
     has_edge = is_root & (edge < NONE)
     lo, hi = edge // n, edge % n
-    comp_lo = tl.load(Comp + base + lo, mask=has_edge, other=0)
-    comp_hi = tl.load(Comp + base + hi, mask=has_edge, other=0)
+    if FIRST:
+        comp_lo, comp_hi = lo, hi
+    else:
+        comp_lo = tl.load(Comp + base + lo, mask=has_edge, other=0)
+        comp_hi = tl.load(Comp + base + hi, mask=has_edge, other=0)
     target = tl.where(comp_lo == v, comp_hi, comp_lo)
     mutual = tl.load(CompKey + base + target, mask=has_edge, other=NONE) == edge
     hooks = has_edge & ~(mutual & (v < target))
     records = has_edge & ~(mutual & (v > target))
-    count = tl.load(Count + lane)
-    slot = count + tl.cumsum(records.to(tl.int32), 0) - 1
-    records = records & (slot < n - 1)  # always true for finite distances (a forest has at most n - 1 edges)
+    at = count + tl.cumsum(records.to(tl.int32), 0) - 1
+    records = records & (at < n - 1)  # always true for finite distances (a forest has at most n - 1 edges)
     edge_len = tl.load(CompBits + base + v, mask=records, other=0).to(EdgeLen.dtype.element_ty, bitcast=True)
-    tl.store(EdgeLo + base + slot, lo, mask=records)
-    tl.store(EdgeHi + base + slot, hi, mask=records)
-    tl.store(EdgeLen + base + slot, edge_len, mask=records)
+    tl.store(EdgeLo + base + at, lo, mask=records)
+    tl.store(EdgeHi + base + at, hi, mask=records)
+    tl.store(EdgeLen + base + at, edge_len, mask=records)
     tl.debug_barrier()
     tl.store(Count + lane, count + tl.sum(records.to(tl.int32), 0))
-    # -- pointer jumping: roots point across their hook (or to themselves), other blocks to their root
+    # -- pointer jumping: roots point across their hook (or to themselves), other blocks to their root;
+    # until no label changes (at most JUMPS times: hooks form trees whose roots point to themselves)
     jump = tl.where(hooks, target, comp)
-    for _ in tl.static_range(JUMPS):
+    moving = True
+    jumps = 0
+    while moving & (jumps < JUMPS):
         tl.store(Jump + base + v, jump, mask=inside)
         tl.debug_barrier()
-        jump = tl.load(Jump + base + jump, mask=inside, other=0)
+        after = tl.load(Jump + base + jump, mask=inside, other=0)
         tl.debug_barrier()
+        moving = tl.max((after != jump).to(tl.int32), 0) > 0
+        jump = after
+        jumps += 1
     tl.store(Comp + base + v, jump, mask=inside)
 
 
@@ -354,45 +426,55 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
-def _boruvka(dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Minimum spanning trees of distance matrices ``[L, n, n]`` under the strict order ``(distance, i, j)``
-    by Boruvka rounds: ``(lo, hi, length)``, each ``[L, n]`` with the ``n - 1`` tree edges (``lo < hi``) of
-    each lane first, in no particular order. ``ceil(log2(n))`` rounds of two launches (components at least
-    halve each round), with no host sync."""
-    lanes, n, _ = dist.shape
-    device, block = dist.device, triton.next_power_of_2(n)
-    comp = torch.arange(n, dtype=torch.int32, device=device).repeat(lanes)
-    best_len = torch.empty(lanes * n, dtype=dist.dtype, device=device)
-    edge_len = torch.zeros(lanes * n, dtype=dist.dtype, device=device)
-    best_key, comp_key, jump = torch.empty(3, lanes * n, dtype=torch.int32, device=device).unbind(0)
-    # zeros: with NaN distances the tree may not span, and the unfilled slots must still index blocks
-    edge_lo, edge_hi = torch.zeros(2, lanes * n, dtype=torch.int32, device=device).unbind(0)
+def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Minimum spanning trees of centroids ``[L, n, D]`` under the strict order ``(distance, i, j)`` by
+    Boruvka rounds: ``(lo, hi, length)``, each ``[L, n]`` with the ``n - 1`` tree edges (``lo < hi``) of
+    each lane first, in no particular order, and a zeroed int32 ``[L, n]`` buffer (for the edge ranks).
+    Only the upper-triangle tiles of the distances are written; the distance kernel also does the first
+    round's search (and writes ``finite``, see :func:`distances`). ``ceil(log2(n))`` rounds of two launches
+    (components at least halve each round; the launches of a lane whose tree is complete return at once),
+    with no host sync."""
+    lanes, n, _ = centroids.shape
+    device, block = centroids.device, triton.next_power_of_2(n)
+    tile = _distance_tile(centroids.dtype, lanes, n)[0]
+    tiles = triton.cdiv(n, tile)
+    plen = torch.empty(lanes, n, tiles, dtype=centroids.dtype, device=device)
+    pkey = torch.empty(lanes, n, tiles, dtype=torch.int32, device=device)
+    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite)
+    # one zeroed buffer: with NaN distances the tree may not span, and the unfilled edge slots must still
+    # index blocks; the counts of recorded edges start at 0
+    zeroed = torch.zeros(3 * lanes * n + lanes, dtype=torch.int32, device=device)
+    edge_lo, edge_hi, by_rank = zeroed[:3 * lanes * n].view(3, lanes * n).unbind(0)
+    count = zeroed[3 * lanes * n:]
+    comp, comp_key, jump = torch.empty(3, lanes * n, dtype=torch.int32, device=device).unbind(0)
+    edge_len = torch.empty(lanes * n, dtype=dist.dtype, device=device)
     bits = torch.int64 if dist.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
-    count = torch.zeros(lanes, dtype=torch.int32, device=device)
     log_n = (n - 1).bit_length()
-    rows, cols = 16, min(256, block)
-    for _ in range(log_n):
-        _nearest_kernel[(triton.cdiv(n, rows), lanes)](dist, comp, best_len, best_key, n, dist.stride(0),
-                                                      dist.stride(1), ROWS=rows, COLS=cols, num_warps=4)
-        _hook_kernel[(lanes,)](comp, best_len, best_key, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len,
-                               count, n, BLOCK=block, JUMPS=log_n + 1, num_warps=_num_warps(block))
-    return edge_lo.view(lanes, n), edge_hi.view(lanes, n), edge_len.view(lanes, n)
+    for round in range(log_n):
+        if round:  # (the distance kernel did the first round's search)
+            _nearest_kernel[(tiles, tiles, lanes)](dist, comp, plen, pkey, count, n, tiles, dist.stride(0),
+                                                   dist.stride(1), BLOCK=tile, num_warps=4)
+        _hook_kernel[(lanes,)](comp, plen, pkey, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, n,
+                               tiles, BLOCK=block, SLOTS=min(triton.next_power_of_2(tiles), max(1, 8192 // block)),
+                               JUMPS=log_n + 1,
+                               FIRST=round == 0, num_warps=_num_warps(block))
+    view = lambda x: x.view(lanes, n)  # noqa: E731
+    return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 
 
 PRIM_MAX_BLOCKS = 128
 """Up to this many blocks Prim over all pairs is as fast as Boruvka + Prim over the tree (H200, NOTES.md)."""
 
 BORUVKA_MAX_BYTES = 48 * 2**20
-"""Above this many bytes of distances (all lanes) Prim over all pairs is used: each Boruvka round reads all of
-them, which pays while they stay in the H200's 50 MB L2 (32 lanes of 512 blocks: float32, 32 MiB, 0.45 ms
-against Prim's 0.58; float64, 64 MiB, 0.78 ms for both; 32 lanes of 1024 blocks in float64 built in 3.8 ms
-against 3.0 with Prim)."""
+"""Above this many bytes of stored distances (the upper triangle, all lanes) Prim over all pairs is used:
+each Boruvka round reads all of them, which pays while they stay in the H200's 50 MB L2."""
 
 
 def choose_mst(lanes: int, n: int, dtype: torch.dtype) -> str:
     """The tree search that :func:`salience_kernels` uses by default: ``"prim"`` or ``"boruvka"``."""
-    big = lanes * n * n * torch.finfo(dtype).bits // 8 > BORUVKA_MAX_BYTES
+    big = lanes * n * n // 2 * torch.finfo(dtype).bits // 8 > BORUVKA_MAX_BYTES
     return "prim" if n <= PRIM_MAX_BLOCKS or big else "boruvka"
 
 
@@ -408,14 +490,22 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
     exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
     not finite give meaningless saliences (but no read out of bounds): callers check them."""
+    return salience_and_finite(centroids, num_warps, elder_in_program, mst)[0]
+
+
+def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,
+                        mst: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`salience_kernels` and device flags (int32 or bool, some shape) that are all nonzero if and only
+    if the centroids are finite, found on the way (the distance of a block from itself)."""
     lanes, n, _ = centroids.shape
     if n == 1:  # a single block: #22's convention
-        return torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device)
-    dist = distances(centroids)
+        return (torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device),
+                torch.isfinite(centroids).all(-1))
     block = triton.next_power_of_2(n)
     device = centroids.device
     order, pair, side_lo, side_hi = torch.empty(4, lanes, n, dtype=torch.int32, device=device).unbind(0)
     length, salience = torch.empty(2, lanes, n, dtype=centroids.dtype, device=device).unbind(0)
+    finite = finite_flags(lanes, n, centroids.dtype, device)
     in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
     rows, cols = 16, min(256, block)
     if mst is None:
@@ -423,14 +513,14 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
     if mst not in ("prim", "boruvka"):
         raise ValueError(f"mst must be 'prim' or 'boruvka', got {mst!r}")
     if mst == "boruvka":
-        edge_lo, edge_hi, edge_len = _boruvka(dist)
-        by_rank = torch.zeros(lanes, n, dtype=torch.int32, device=device)  # (all written unless distances are NaN)
+        edge_lo, edge_hi, edge_len, by_rank = _boruvka(centroids, finite)
         _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
                                                        COLS=min(64, block), num_warps=4)
         _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo, side_hi,
                                     salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
                                     num_warps=num_warps or _num_warps(block))
     else:
+        dist = distances(centroids, finite=finite)
         _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
                                    dist.stride(1), BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
                                    num_warps=num_warps or _num_warps(block))
@@ -438,4 +528,4 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
         grid = (triton.cdiv(n, rows), lanes)
         _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)
         _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4)
-    return salience
+    return salience, finite

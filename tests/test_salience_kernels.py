@@ -130,14 +130,17 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_replays_new_keys_without_aliasing(dtype):
+def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks):
     """Three builds of one shape replay one cached graph: each equals the CPU schedule for its own keys, the
-    first is unchanged by the later replays, and the launch-by-launch build gives the same rows."""
+    first is unchanged by the later replays, and the launch-by-launch build gives the same rows. 8 lanes of
+    300 blocks: the lanes are split into groups on parallel streams."""
     from topo_attn.kernels import build
 
     gen = torch.Generator().manual_seed(11)
-    keys = [torch.randn(2, 3, 64 * 70, 32, generator=gen) for _ in range(3)]
+    keys = [torch.randn(2, heads, 64 * blocks, 32, generator=gen) for _ in range(3)]
+    assert build._lane_groups(2 * heads, blocks, dtype) == (1 if blocks < build.GROUP_MIN_BLOCKS else build.LANE_GROUPS)
     build.clear_graphs()
     got = [ta.topology_schedule(k.cuda(), 64, 1, 1, 6, dtype=dtype) for k in keys]
     assert len(build._graphs) == 1

@@ -97,13 +97,11 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
 
 
 def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
-    """(tile, warps) of the distance kernel (and Boruvka's tile searches), from an H200 sweep (NOTES.md): 32 x
-    32 tiles on one warp, except where they would leave most SMs idle (fewer than 512 tiles: one lane of 512
-    blocks), then 16 x 16 tiles."""
-    tiles = lanes * triton.cdiv(n, 32) * (triton.cdiv(n, 32) + 1) // 2
-    if tiles < 512:
-        return (16, 8) if dtype == torch.float64 else (16, 4)
-    return 32, 1
+    """(tile, warps) of the distance kernel, which also sets the tiles of Boruvka's searches and so the
+    partial minima per block (``n / tile``). From H200 sweeps (NOTES.md): float64 32 x 32 on 4 warps, float32
+    64 x 64 on 8. (Smaller tiles or fewer warps computed bare distances faster for some shapes, but lost more
+    in the fused first-round search and in the hooks' longer partial rows.)"""
+    return (32, 4) if dtype == torch.float64 else (64, 8)
 
 
 def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -494,18 +492,23 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
 
 
 def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,
-                        mst: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        mst: str | None = None, out: torch.Tensor | None = None,
+                        finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`salience_kernels` and device flags (int32 or bool, some shape) that are all nonzero if and only
-    if the centroids are finite, found on the way (the distance of a block from itself)."""
+    if the centroids are finite, found on the way (the distance of a block from itself). ``out``: a
+    contiguous ``[L, n]`` tensor of the centroids' dtype for the saliences; ``finite``: a
+    :func:`finite_flags` buffer for the flags (``n > 1``)."""
     lanes, n, _ = centroids.shape
     if n == 1:  # a single block: #22's convention
-        return (torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device),
-                torch.isfinite(centroids).all(-1))
+        salience = torch.ones(lanes, 1, dtype=centroids.dtype, device=centroids.device)
+        return (salience if out is None else out.copy_(salience)), torch.isfinite(centroids).all(-1)
     block = triton.next_power_of_2(n)
     device = centroids.device
     order, pair, side_lo, side_hi = torch.empty(4, lanes, n, dtype=torch.int32, device=device).unbind(0)
-    length, salience = torch.empty(2, lanes, n, dtype=centroids.dtype, device=device).unbind(0)
-    finite = finite_flags(lanes, n, centroids.dtype, device)
+    length = torch.empty(lanes, n, dtype=centroids.dtype, device=device)
+    salience = torch.empty_like(length) if out is None else out
+    if finite is None:
+        finite = finite_flags(lanes, n, centroids.dtype, device)
     in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
     rows, cols = 16, min(256, block)
     if mst is None:

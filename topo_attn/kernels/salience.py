@@ -49,11 +49,14 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stri
         b_ptrs = C + lane * stride_cl + cols * stride_cn
         # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
         acc = tl.zeros([BLOCK, BLOCK], C.dtype.element_ty)
+        finite = tl.full([BLOCK], 1, tl.int1)
         for d in range(dim):
             a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
             b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
             diff = a[:, None] - b[None, :]
             acc += diff * diff
+            if FINITE:
+                finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
         dist = tl.sqrt(acc)
         # -- store the tile and, for Prim's full rows, its mirror image
         out = Dist + lane * stride_dl
@@ -63,12 +66,10 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stri
             if tile_j > tile_i:
                 tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
                          mask=(cols[:, None] < n) & (rows[None, :] < n))
-        # -- a diagonal tile flags whether its centroids are finite: a block is 0 from itself unless it holds a
-        # NaN or an infinity (inf - inf is NaN)
+        # -- a diagonal tile flags whether its blocks' centroids are all finite
         if FINITE:
             if tile_j == tile_i:
-                on_diagonal = (rows[:, None] == cols[None, :]) & inside
-                tl.store(Finite + lane * slots + tile_i, tl.min(tl.where(on_diagonal, dist == 0, 1).to(tl.int32)))
+                tl.store(Finite + lane * slots + tile_i, tl.min(finite.to(tl.int32), 0))
         # -- Boruvka's first round for free: every block is its own component
         if MINIMA:
             _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
@@ -111,7 +112,8 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     the upper-triangle tiles (of :func:`_distance_tile`'s size; the rest stays unset), half the bytes, all
     Boruvka reads. ``minima=(lengths, keys)``, each ``[L, n, tiles]``: also writes Boruvka's first-round
     partial minima (every block its own component), as :func:`_tile_minima`. ``finite``: an int32 ``[L,
-    tiles]`` buffer that gets 1 where a tile's centroids are all finite, else 0."""
+    tiles]`` buffer that gets 1 where a tile's centroids are all finite, else 0 (checked on the diagonal tiles'
+    loads)."""
     lanes, n, dim = centroids.shape
     features_first = centroids.transpose(1, 2).contiguous()  # [L, D, n]: one feature of 64 blocks is one load
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
@@ -495,7 +497,7 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
                         mst: str | None = None, out: torch.Tensor | None = None,
                         finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`salience_kernels` and device flags (int32 or bool, some shape) that are all nonzero if and only
-    if the centroids are finite, found on the way (the distance of a block from itself). ``out``: a
+    if the centroids are finite, found on the way (by the distance kernel). ``out``: a
     contiguous ``[L, n]`` tensor of the centroids' dtype for the saliences; ``finite``: a
     :func:`finite_flags` buffer for the flags (``n > 1``)."""
     lanes, n, _ = centroids.shape

@@ -58,18 +58,18 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stri
             if FINITE:
                 finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
         dist = tl.sqrt(acc)
-        # -- store the tile and, for Prim's full rows, its mirror image
-        out = Dist + lane * stride_dl
-        inside = (rows[:, None] < n) & (cols[None, :] < n)
-        tl.store(out + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], dist, mask=inside)
-        if MIRROR:  # (nested: a constexpr `and` a runtime value did not branch on triton 3.6)
-            if tile_j > tile_i:
-                tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
-                         mask=(cols[:, None] < n) & (rows[None, :] < n))
         # -- a diagonal tile flags whether its blocks' centroids are all finite
         if FINITE:
             if tile_j == tile_i:
                 tl.store(Finite + lane * slots + tile_i, tl.min(finite.to(tl.int32), 0))
+        # -- store the tile and, for Prim's full rows, its mirror image
+        out = Dist + lane * stride_dl
+        inside = (rows[:, None] < n) & (cols[None, :] < n)
+        tl.store(out + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], dist, mask=inside)
+        if MIRROR:
+            if tile_j > tile_i:
+                tl.store(out + cols[:, None].to(tl.int64) * stride_dn + rows[None, :], tl.trans(dist),
+                         mask=(cols[:, None] < n) & (rows[None, :] < n))
         # -- Boruvka's first round for free: every block is its own component
         if MINIMA:
             _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)

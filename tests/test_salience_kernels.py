@@ -124,9 +124,12 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
     offsets, indices = build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb),
                                   min(window, nb - 1))
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
-    keys[-1, 5, 3] = float("nan")
-    with pytest.raises(ValueError, match="keys contains NaN or Inf"):
-        build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb), min(window, nb - 1))
+    # a non-finite key in the first block, then in the last (in the last distance tile when there are several)
+    for row, value in ((5, float("nan")), (seq - 1, float("inf"))):
+        bad = keys.clone()
+        bad[-1, row, 3] = value
+        with pytest.raises(ValueError, match="keys contains NaN or Inf"):
+            build_rows(bad.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb), min(window, nb - 1))
 
 
 @pytest.mark.cuda

@@ -71,13 +71,47 @@ def test_single_block_gets_one(device):
     assert torch.equal(salience_kernels(centroids).cpu(), torch.ones(2, 1, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("mst", ["prim", "boruvka"])
-def test_non_finite_centroids_stay_in_bounds(mst, device):
+@pytest.mark.parametrize("lanes, n, dim, ties", [(1, 2, 4, False), (2, 5, 8, False), (1, 33, 16, False),
+                                                 (2, 100, 8, False), (1, 300, 4, False), (1, 200, 1, False),
+                                                 (2, 150, 1, True), (3, 64, 2, True)])
+def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
+    """Prim's order by Euler tours and binary lifting (:mod:`topo_attn.kernels.prim_order`) against the
+    step-by-step walk over the same Boruvka trees: the same blocks, pairs and lengths at every position.
+    Random centroids, one dimension (the tree is a path: deep tours and long climbs) and lattice ties."""
+    import triton
+
+    from topo_attn.kernels import salience as sk
+    from topo_attn.kernels.prim_order import prim_order_parallel
+
+    gen = torch.Generator().manual_seed(n * dim + lanes)
+    centroids = torch.randint(0, 6, (lanes, n, dim), generator=gen).double() if ties else \
+        torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
+    lo, hi, length, by_rank = sk._boruvka(centroids.to(device))
+    block = triton.next_power_of_2(n)
+    sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block))
+    outputs = []
+    for parallel in (False, True):
+        order, pair = torch.zeros(2, lanes, n, dtype=torch.int32, device=device).unbind(0)
+        lengths = torch.zeros(lanes, n, dtype=torch.float64, device=device)
+        if parallel:
+            prim_order_parallel(lo, hi, length, by_rank, order, pair, lengths)
+        else:
+            unused = torch.zeros(3, lanes, n, dtype=torch.int32, device=device)
+            sk._tree_prim_kernel[(lanes,)](lo, hi, length, by_rank, order, pair, lengths, unused[0], unused[1],
+                                           lengths.clone(), n, BLOCK=block, ROWS=16, COLS=min(256, block), ELDER=False)
+        outputs.append((order.cpu(), pair[:, 1:].cpu(), lengths[:, 1:].cpu()))
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    got = salience_kernels(centroids.to(device), mst="boruvka", parallel_order=True).cpu()
+    assert torch.equal(got, salience_kernels(centroids.to(device), mst="boruvka").cpu())
+
+
+@pytest.mark.parametrize("mst, parallel_order", [("prim", False), ("boruvka", False), ("boruvka", True)])
+def test_non_finite_centroids_stay_in_bounds(mst, parallel_order, device):
     """NaN distances may leave the tree unfinished: the kernels must still read and write only their own
     buffers (callers reject such centroids; here only the run and the shape are checked)."""
     centroids = torch.randn(2, 40, 4, dtype=torch.float64)
     centroids[1, 5:9] = float("nan")
-    got = salience_kernels(centroids.to(device), mst=mst)
+    got = salience_kernels(centroids.to(device), mst=mst, parallel_order=parallel_order)
     assert got.shape == (2, 40)
     torch.testing.assert_close(got[0].cpu(), _cpu_salience(centroids[:1])[0], rtol=1e-13, atol=0)
 

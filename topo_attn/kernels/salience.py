@@ -479,23 +479,27 @@ def choose_mst(lanes: int, n: int, dtype: torch.dtype) -> str:
 
 
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
-                     elder_in_program: bool | None = None, mst: str | None = None) -> torch.Tensor:
+                     elder_in_program: bool | None = None, mst: str | None = None,
+                     parallel_order: bool = False) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
     ``num_warps`` overrides Prim's warp count, ``elder_in_program`` where the elder-rule passes run (by
     default in the Prim program up to :data:`ELDER_IN_PROGRAM` blocks, in a grid of programs above).
     ``mst``: ``"boruvka"`` finds the tree in parallel rounds and then walks Prim's order over its edges
     alone; ``"prim"`` runs Prim over the whole distance matrix; by default :func:`choose_mst` picks.
+    ``parallel_order``: with Boruvka, walk Prim's order with :mod:`.prim_order` (Euler tours and binary
+    lifting, no sequential steps; not yet timed on a GPU) instead of one step per block.
 
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
     exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
     not finite give meaningless saliences (but no read out of bounds): callers check them."""
-    return salience_and_finite(centroids, num_warps, elder_in_program, mst)[0]
+    return salience_and_finite(centroids, num_warps, elder_in_program, mst, parallel_order=parallel_order)[0]
 
 
 def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,
                         mst: str | None = None, out: torch.Tensor | None = None,
-                        finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        finite: torch.Tensor | None = None, parallel_order: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`salience_kernels` and device flags (int32 or bool, some shape) that are all nonzero if and only
     if the centroids are finite, found on the way (by the distance kernel). ``out``: a
     contiguous ``[L, n]`` tensor of the centroids' dtype for the saliences; ``finite``: a
@@ -521,9 +525,16 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
         edge_lo, edge_hi, edge_len, by_rank = _boruvka(centroids, finite)
         _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
                                                        COLS=min(64, block), num_warps=4)
-        _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo, side_hi,
-                                    salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
-                                    num_warps=num_warps or _num_warps(block))
+        if parallel_order:
+            from .prim_order import prim_order_parallel
+
+            order.zero_()  # (every position is written when the tree spans; with NaN distances it must still index)
+            prim_order_parallel(edge_lo, edge_hi, edge_len, by_rank, order, pair, length)
+            in_program = False  # the elder passes in their grids
+        else:
+            _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo,
+                                        side_hi, salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
+                                        num_warps=num_warps or _num_warps(block))
     else:
         dist = distances(centroids, finite=finite)
         _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),

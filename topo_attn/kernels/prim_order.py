@@ -1,6 +1,7 @@
 """Prim's order over a minimum spanning tree without sequential steps: two Euler tours and binary lifting, one
 program per lane, ``O(log n)`` barrier-separated rounds instead of ``n - 1`` dependent ones (an alternative
-to ``salience._tree_prim_kernel``; not yet timed on a GPU, so not the default).
+to ``salience._tree_prim_kernel``, the default up to ``salience.PARALLEL_ORDER_MAX_BLOCKS`` blocks: on the H200
+28 us instead of 104 at 512 blocks).
 
 Why it works (``kernels/NOTES.md`` v5): root the tree at block 0 and let ``p'(v)`` be the lower end of the
 nearest edge above ``v`` on its root path that is heavier than ``v``'s own parent edge (block 0 if none).

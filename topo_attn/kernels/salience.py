@@ -10,8 +10,10 @@ shared schedule's single lane), with no host round trip and no Python loop over 
    - Boruvka rounds (``_nearest_kernel``: each block's lightest edge to another component, a grid over
      rows; ``_hook_kernel``: each component's lightest edge, hooks and pointer jumping, one program per
      lane), ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
-     ``n - 1`` tree edges and ``_tree_prim_kernel`` walks Prim's order over them alone: each step is one
-     integer minimum over registers (Prim over the tree takes the same edges in the same order).
+     ``n - 1`` tree edges and Prim's order over them alone (Prim over the tree takes the same edges in the
+     same order) comes from :mod:`.prim_order` (Euler tours and binary lifting, ``O(log n)`` rounds) or,
+     above :data:`PARALLEL_ORDER_MAX_BLOCKS` blocks, from ``_tree_prim_kernel``: one integer minimum over
+     registers per step.
 3. The union-find sweep of ``persistence._elder_salience``, without the sweep, in two grid kernels (or, up to
    :data:`ELDER_IN_PROGRAM` blocks, at the end of the Prim program). In Prim order every cluster of
    Kruskal's merge tree is a run of consecutive positions, and the edge at position ``t`` merges the runs
@@ -33,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ..persistence import MAX_GPU_BLOCKS as MAX_BLOCKS
+from .prim_order import prim_order_parallel
 
 
 @triton.jit
@@ -464,6 +467,10 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 
 
+PARALLEL_ORDER_MAX_BLOCKS = 2048
+"""Up to this many blocks Boruvka builds find Prim's order with :mod:`.prim_order` by default (H200, 512
+blocks: 28 us instead of the step-by-step walk's 104; 2048 blocks: 251 instead of 782; not timed above)."""
+
 PRIM_MAX_BLOCKS = 128
 """Up to this many blocks Prim over all pairs is as fast as Boruvka + Prim over the tree (H200, NOTES.md)."""
 
@@ -480,15 +487,16 @@ def choose_mst(lanes: int, n: int, dtype: torch.dtype) -> str:
 
 def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
                      elder_in_program: bool | None = None, mst: str | None = None,
-                     parallel_order: bool = False) -> torch.Tensor:
+                     parallel_order: bool | None = None) -> torch.Tensor:
     """Elder-rule salience of centroids ``[L, n, D]`` (float32 or float64, on a CUDA device or, in Triton's
     interpreter, the CPU) -> ``[L, n]`` in the centroids' dtype and device; ``n <= MAX_BLOCKS``.
     ``num_warps`` overrides Prim's warp count, ``elder_in_program`` where the elder-rule passes run (by
     default in the Prim program up to :data:`ELDER_IN_PROGRAM` blocks, in a grid of programs above).
     ``mst``: ``"boruvka"`` finds the tree in parallel rounds and then walks Prim's order over its edges
     alone; ``"prim"`` runs Prim over the whole distance matrix; by default :func:`choose_mst` picks.
-    ``parallel_order``: with Boruvka, walk Prim's order with :mod:`.prim_order` (Euler tours and binary
-    lifting, no sequential steps; not yet timed on a GPU) instead of one step per block.
+    ``parallel_order``: with Boruvka, find Prim's order with :mod:`.prim_order` (Euler tours and binary
+    lifting, no sequential steps) instead of one step per block; by default up to
+    :data:`PARALLEL_ORDER_MAX_BLOCKS` blocks.
 
     Distances are ``sqrt(sum((c_i - c_j)^2))`` in the centroids' dtype (no Gram-matrix shortcut), so they are
     exactly symmetric; they differ from the CPU path's only in the rounding of the sum. Centroids that are
@@ -498,7 +506,7 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
 
 def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,
                         mst: str | None = None, out: torch.Tensor | None = None,
-                        finite: torch.Tensor | None = None, parallel_order: bool = False
+                        finite: torch.Tensor | None = None, parallel_order: bool | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`salience_kernels` and device flags (int32 or bool, some shape) that are all nonzero if and only
     if the centroids are finite, found on the way (by the distance kernel). ``out``: a
@@ -521,13 +529,13 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
         mst = choose_mst(lanes, n, centroids.dtype)
     if mst not in ("prim", "boruvka"):
         raise ValueError(f"mst must be 'prim' or 'boruvka', got {mst!r}")
+    if parallel_order is None:  # (the walk keeps the elder passes in its program for small trees)
+        parallel_order = n <= PARALLEL_ORDER_MAX_BLOCKS and not in_program
     if mst == "boruvka":
         edge_lo, edge_hi, edge_len, by_rank = _boruvka(centroids, finite)
         _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
                                                        COLS=min(64, block), num_warps=4)
         if parallel_order:
-            from .prim_order import prim_order_parallel
-
             order.zero_()  # (every position is written when the tree spans; with NaN distances it must still index)
             prim_order_parallel(edge_lo, edge_hi, edge_len, by_rank, order, pair, length)
             in_program = False  # the elder passes in their grids

@@ -27,12 +27,12 @@ SLOTS = tl.constexpr(14)
 
 
 @triton.jit
-def _list_rank(Dist, Nxt, succ, mask, SIZE: tl.constexpr, ROUNDS: tl.constexpr):
+def _list_rank(Dist, Nxt, succ, mask, rounds, SIZE: tl.constexpr):
     # -- each node's distance to the end of its list (succ < 0 there), by pointer jumping
     i = tl.arange(0, SIZE)
     dist = tl.where(mask & (succ >= 0), 1, 0)
     nxt = tl.where(mask, succ, -1)
-    for _ in tl.static_range(ROUNDS):
+    for _ in range(rounds):
         tl.store(Dist + i, dist)
         tl.store(Nxt + i, nxt)
         tl.debug_barrier()
@@ -46,11 +46,11 @@ def _list_rank(Dist, Nxt, succ, mask, SIZE: tl.constexpr, ROUNDS: tl.constexpr):
 
 
 @triton.jit
-def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scratch, n,
-                       ARCS: tl.constexpr, LEVELS: tl.constexpr, ROUNDS: tl.constexpr):
+def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scratch, n, levels, rounds,
+                       ARCS: tl.constexpr):
     lane = tl.program_id(0).to(tl.int64)
     out = lane * n
-    base = Scratch + lane * (SLOTS + 2 * LEVELS) * ARCS
+    base = Scratch + lane * (SLOTS + 2 * levels) * ARCS
     RANK_OF = base                    # rank of each edge; later: down-arc marks in tour order
     SORTED_ARC = base + ARCS          # tour 1: arc at each sorted position; later: prefix counts
     SORTED_KEY = base + 2 * ARCS      # sorted sources (tour 1), sorted parents (tour 2)
@@ -66,7 +66,7 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
     BELOW_RANK = base + 12 * ARCS     # the block below the edge of each rank
     PPRIME = base + 13 * ARCS
     UP = base + SLOTS * ARCS
-    MX = UP + LEVELS * ARCS
+    MX = UP + levels * ARCS
     BIG: tl.constexpr = 2147483647
     i = tl.arange(0, ARCS)            # arcs, blocks, edges or ranks, by context
     m = 2 * (n - 1)
@@ -100,7 +100,7 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
     succ = tl.load(SORTED_ARC + tl.load(NEXT + twin_pos, mask=arc_real, other=0), mask=arc_real, other=0)
     succ = tl.where(succ == tl.load(SORTED_ARC), -1, succ)
     # (the clamps below only matter for NaN distances, where the tree may not span: no access out of bounds)
-    tour = tl.minimum(tl.maximum((m - 1) - _list_rank(DIST, NXT, succ, arc_real, ARCS, ROUNDS), 0), ARCS - 1)
+    tour = tl.minimum(tl.maximum((m - 1) - _list_rank(DIST, NXT, succ, arc_real, rounds, ARCS), 0), ARCS - 1)
     tl.store(TOUR + i, tour, mask=arc_real)
     tl.debug_barrier()
     # -- rooted at block 0: each edge's first arc in the tour goes down
@@ -123,7 +123,7 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
     # -- binary lifting: UP[k][x] the 2^k-th ancestor, MX[k][x] the heaviest of the 2^k edges from x upward
     up = parent
     mx = pe
-    for k in tl.static_range(LEVELS):
+    for k in range(levels):
         tl.store(UP + k * ARCS + i, up, mask=block_real)
         tl.store(MX + k * ARCS + i, mx, mask=block_real)
         tl.debug_barrier()
@@ -131,8 +131,8 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
         up = tl.load(UP + k * ARCS + up, mask=block_real, other=0)
     # -- p'(v): from the parent, climb while every edge on the way is lighter than v's own
     x = parent
-    for j in tl.static_range(LEVELS):
-        k = LEVELS - 1 - j
+    for j in range(levels):
+        k = levels - 1 - j
         mx_k = tl.load(MX + k * ARCS + x, mask=block_real, other=BIG)
         up_k = tl.load(UP + k * ARCS + x, mask=block_real, other=0)
         x = tl.where(mx_k < pe, up_k, x)
@@ -161,7 +161,7 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
     pp = tl.load(PPRIME + w, mask=w_real, other=0)
     after_up = tl.where(next_sibling >= 0, 2 * next_sibling, tl.where(pp > 0, 2 * pp + 1, -1))
     succ2 = tl.where(i % 2 == 0, tl.where(first_child >= 0, 2 * first_child, i + 1), after_up)
-    tour2 = tl.minimum(tl.maximum((m - 1) - _list_rank(DIST, NXT, succ2, w_real, ARCS, ROUNDS), 0), ARCS - 1)
+    tour2 = tl.minimum(tl.maximum((m - 1) - _list_rank(DIST, NXT, succ2, w_real, rounds, ARCS), 0), ARCS - 1)
     # -- pre-order: the down arcs up to each one's tour position
     tl.store(RANK_OF + i, 0)
     tl.debug_barrier()
@@ -195,5 +195,5 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     # zeroed: with NaN distances the tree may not span and some entries are never written; they must still
     # index blocks (the results are then meaningless but in bounds)
     scratch = torch.zeros(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
-    _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, ARCS=arcs,
-                                 LEVELS=levels, ROUNDS=rounds, num_warps=8)
+    _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
+                                 ARCS=arcs, num_warps=8)

@@ -102,10 +102,12 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
 
 def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
     """(tile, warps) of the distance kernel, which also sets the tiles of Boruvka's searches and so the
-    partial minima per block (``n / tile``). From H200 sweeps (NOTES.md): float64 32 x 32 on 4 warps, float32
-    64 x 64 on 8. (Smaller tiles or fewer warps computed bare distances faster for some shapes, but lost more
-    in the fused first-round search and in the hooks' longer partial rows.)"""
-    return (32, 4) if dtype == torch.float64 else (64, 8)
+    partial minima per block (``n / tile``). From H200 sweeps (NOTES.md): 32 x 32 on 4 warps for both
+    dtypes (float32 per-lane builds at 32k: 0.58 ms with 64 x 64 tiles on 8 warps, 0.49 ms with these).
+    (Smaller tiles, fewer warps or several features per step computed bare distances faster for some
+    shapes, but lost more in the fused first-round search and the hooks' longer partial rows, or in
+    register pressure.)"""
+    return 32, 4
 
 
 def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -41,7 +41,7 @@ from .prim_order import prim_order_parallel
 @triton.jit
 def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl,
                      stride_dn, BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr,
-                     FINITE: tl.constexpr):
+                     FINITE: tl.constexpr, PREFETCH: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
     if tile_j >= tile_i:
@@ -53,13 +53,28 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stri
         # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
         acc = tl.zeros([BLOCK, BLOCK], C.dtype.element_ty)
         finite = tl.full([BLOCK], 1, tl.int1)
-        for d in range(dim):
-            a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
-            b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
-            diff = a[:, None] - b[None, :]
-            acc += diff * diff
-            if FINITE:
-                finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
+        if PREFETCH:
+            # (the same sums; each feature's loads are issued before the previous feature's arithmetic)
+            a = tl.load(a_ptrs, mask=rows < n, other=0.0)
+            b = tl.load(b_ptrs, mask=cols < n, other=0.0)
+            for d in range(1, dim + 1):
+                ahead = tl.minimum(d, dim - 1)  # (after the last feature: a spare load of it, unused)
+                a_next = tl.load(a_ptrs + ahead * stride_cd, mask=rows < n, other=0.0)
+                b_next = tl.load(b_ptrs + ahead * stride_cd, mask=cols < n, other=0.0)
+                diff = a[:, None] - b[None, :]
+                acc += diff * diff
+                if FINITE:
+                    finite = finite & (tl.abs(a) < float("inf"))
+                a = a_next
+                b = b_next
+        else:
+            for d in range(dim):
+                a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
+                b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
+                diff = a[:, None] - b[None, :]
+                acc += diff * diff
+                if FINITE:
+                    finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
         dist = tl.sqrt(acc)
         # -- a diagonal tile flags whether its blocks' centroids are all finite
         if FINITE:
@@ -100,6 +115,12 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
         tl.store(PKey + base + cols * slots + tile_i, col_key, mask=cols < n)
 
 
+DISTANCE_PREFETCH = False
+"""Whether the distance kernel issues each feature's loads before the previous feature's arithmetic (the same
+sums, bit for bit). Off: not yet timed on a GPU (NOTES.md v6: the feature loop of the per-lane distances
+looks load-latency-bound)."""
+
+
 def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
     """(tile, warps) of the distance kernel, which also sets the tiles of Boruvka's searches and so the
     partial minima per block (``n / tile``). From H200 sweeps (NOTES.md): 32 x 32 on 4 warps for both
@@ -128,7 +149,8 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, n, dim, tiles,
                            *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block, MIRROR=mirror,
-                           MINIMA=minima is not None, FINITE=finite is not None, num_warps=warps)
+                           MINIMA=minima is not None, FINITE=finite is not None, PREFETCH=DISTANCE_PREFETCH,
+                           num_warps=warps)
     return dist
 
 

@@ -109,6 +109,19 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
     assert torch.equal(got, salience_kernels(centroids.to(device), mst="boruvka", parallel_order=False).cpu())
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 70), st.integers(1, 4), st.booleans(), st.integers(0, 2**31 - 1))
+def test_parallel_prim_order_gives_the_cpu_saliences(n, dim, ties, seed):
+    """Random sizes (every power-of-two tour width up to 256 arcs), dimensions and lattice ties: Boruvka with
+    the parallel Prim order gives the CPU path's saliences bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    centroids = torch.randint(0, 3, (2, n, dim), generator=gen).double() if ties else \
+        torch.randn(2, n, dim, generator=gen, dtype=torch.float64)
+    device = "cuda" if torch.cuda.is_available() and not _interpreted() else "cpu"
+    got = salience_kernels(centroids.to(device), mst="boruvka", parallel_order=True).cpu()
+    assert torch.equal(got, _cpu_salience(centroids))
+
+
 @pytest.mark.parametrize("mst, parallel_order", [("prim", False), ("boruvka", False), ("boruvka", True)])
 def test_non_finite_centroids_stay_in_bounds(mst, parallel_order, device):
     """NaN distances may leave the tree unfinished: the kernels must still read and write only their own

@@ -7,9 +7,10 @@ shared schedule's single lane), with no host round trip and no Python loop over 
    ``t`` and the key of its tree edge. Two ways, picked by :func:`choose_mst`:
 
    - ``_salience_kernel``: Prim over all pairs, one program per lane, one distance row read per step;
-   - Boruvka rounds (``_nearest_kernel``: each block's lightest edge to another component, a grid over
-     rows; ``_hook_kernel``: each component's lightest edge, hooks and pointer jumping, one program per
-     lane), ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
+   - Boruvka rounds, one launch each (``_round_kernel``, the first one fused into ``_distance_kernel``): a
+     grid over upper-triangle tiles finds each block's lightest edge to another component; the last of a
+     lane's programs to finish then takes each component's lightest edge, hooks and jumps pointers
+     (``_hooks``). ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
      ``n - 1`` tree edges and Prim's order over them alone (Prim over the tree takes the same edges in the
      same order) comes from :mod:`.prim_order` (Euler tours and binary lifting, ``O(log n)`` rounds) or,
      above :data:`PARALLEL_ORDER_MAX_BLOCKS` blocks, from ``_tree_prim_kernel``: one integer minimum over
@@ -30,6 +31,8 @@ Prim keeps its per-block state in registers, ``BLOCK = next_power_of_2(n)`` wide
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -39,9 +42,11 @@ from .prim_order import prim_order_parallel
 
 
 @triton.jit
-def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl,
-                     stride_dn, BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr,
-                     FINITE: tl.constexpr, PREFETCH: tl.constexpr):
+def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+                     Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
+                     BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
+                     PREFETCH: tl.constexpr, HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+                     JUMPS: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
     if tile_j >= tile_i:
@@ -91,6 +96,10 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, n, dim, slots, stride_cl, stri
         # -- Boruvka's first round for free: every block is its own component
         if MINIMA:
             _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
+            # -- and, in the lane's last program to finish, the first round's hooks
+            if HOOKS:
+                _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi,
+                                 EdgeLen, Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, True)
 
 
 @triton.jit
@@ -132,14 +141,15 @@ def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
 
 
 def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.Tensor, torch.Tensor] | None = None,
-              finite: torch.Tensor | None = None) -> torch.Tensor:
+              finite: torch.Tensor | None = None, forest: "_Forest | None" = None) -> torch.Tensor:
     """``sqrt(sum((c_i - c_j)^2))`` for centroids ``[L, n, D]`` -> ``[L, n, n]`` in their dtype: no
     Gram-matrix shortcut (duplicates are exactly 0 apart), exactly symmetric. ``mirror=False`` writes only
     the upper-triangle tiles (of :func:`_distance_tile`'s size; the rest stays unset), half the bytes, all
     Boruvka reads. ``minima=(lengths, keys)``, each ``[L, n, tiles]``: also writes Boruvka's first-round
-    partial minima (every block its own component), as :func:`_tile_minima`. ``finite``: an int32 ``[L,
-    tiles]`` buffer that gets 1 where a tile's centroids are all finite, else 0 (checked on the diagonal tiles'
-    loads)."""
+    partial minima (every block its own component), as :func:`_tile_minima`; with ``forest`` (a
+    :class:`_Forest`), each lane's last program also runs the first round's hooks. ``finite``: an int32
+    ``[L, tiles]`` buffer that gets 1 where a tile's centroids are all finite, else 0 (checked on the diagonal
+    tiles' loads)."""
     lanes, n, dim = centroids.shape
     features_first = centroids.transpose(1, 2).contiguous()  # [L, D, n]: one feature of 64 blocks is one load
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
@@ -147,10 +157,12 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     tiles = triton.cdiv(n, block)
     grid = (tiles, tiles, lanes)
     plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
-    _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, n, dim, tiles,
-                           *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block, MIRROR=mirror,
-                           MINIMA=minima is not None, FINITE=finite is not None, PREFETCH=DISTANCE_PREFETCH,
-                           num_warps=warps)
+    hooks = forest is not None and minima is not None
+    state = forest.pointers(0) if hooks else (dist,) * 9  # (unused without hooks)
+    _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
+                           tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
+                           MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
+                           PREFETCH=DISTANCE_PREFETCH, HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
     return dist
 
 
@@ -213,9 +225,11 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 
 
 @triton.jit
-def _nearest_kernel(Dist, Comp, PLen, PKey, Count, n, slots, stride_lane, stride_row, BLOCK: tl.constexpr):
-    # -- Boruvka, part 1: per upper-triangle tile, each block's lightest edge to another component (a lane
-    # whose tree is complete does nothing)
+def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, n,
+                  slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOK_BLOCK: tl.constexpr,
+                  SLOTS: tl.constexpr, JUMPS: tl.constexpr):
+    # -- a Boruvka round after the first. Per upper-triangle tile, each block's lightest edge to another
+    # component (a lane whose tree is complete does nothing)
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     lane = tl.program_id(2).to(tl.int64)
     if (tile_j >= tile_i) & (tl.load(Count + lane) < n - 1):
@@ -228,17 +242,33 @@ def _nearest_kernel(Dist, Comp, PLen, PKey, Count, n, slots, stride_lane, stride
         dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row + cols[None, :]
         length = tl.load(dist, mask=outside, other=float("inf"))
         _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
+        # -- then, in the lane's last program to finish, the hooks
+        _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+                         Arrived, HOOK_BLOCK, SLOTS, JUMPS, False)
 
 
 @triton.jit
-def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
-                 BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
-    # -- Boruvka, part 2 (one program per lane): each component takes its lightest outgoing edge and hooks
-    # onto the component across it; labels then follow the hooks to the new roots
-    lane = tl.program_id(0).to(tl.int64)
+def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+                     Arrived, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr,
+                     FIRST: tl.constexpr):
+    """Counts a search program's arrival in ``Arrived[lane]``; the lane's last one runs :func:`_hooks`. (The
+    barrier and the release/acquire of the count order every program's partial minima before the hooks read
+    them: the pattern of CUDA's threadfence reduction, with no wait on other programs.)"""
+    arrivals = slots * (slots + 1) // 2  # the upper-triangle tiles (one slot per tile)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(Arrived + lane, 1, sem="acq_rel", scope="gpu")
+    if ticket == arrivals - 1:
+        tl.debug_barrier()
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+               HOOK_BLOCK, SLOTS, JUMPS, FIRST)
+
+
+@triton.jit
+def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+           BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
+    """Boruvka, part 2, for one lane whose tree is not complete: each component takes its lightest outgoing
+    edge and hooks onto the component across it; labels then follow the hooks to the new roots."""
     count = tl.load(Count + lane)
-    if count >= n - 1:  # the tree is complete
-        return
     base = lane * n
     v = tl.arange(0, BLOCK)
     inside = v < n
@@ -453,40 +483,66 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
+class _Forest(NamedTuple):
+    """Boruvka's state for ``L`` lanes of ``n`` blocks (int32 ``[L * n]`` unless noted): component labels,
+    each component's lightest edge (its length's bits, int64 or int32, and its pair), pointer-jumping
+    scratch, the tree edges found so far (``lo``, ``hi``, ``length`` in the distances' dtype), the count of
+    edges per lane (``[L]``) and, per round, how many of a lane's search programs have finished
+    (``[rounds, L]``, zeroed)."""
+
+    comp: torch.Tensor
+    comp_bits: torch.Tensor
+    comp_key: torch.Tensor
+    jump: torch.Tensor
+    edge_lo: torch.Tensor
+    edge_hi: torch.Tensor
+    edge_len: torch.Tensor
+    count: torch.Tensor
+    arrived: torch.Tensor
+
+    def pointers(self, round: int) -> tuple[torch.Tensor, ...]:
+        """The kernel arguments for one round (its row of ``arrived``)."""
+        return (*self[:8], self.arrived[round])
+
+
+def _hook_sizes(n: int, tiles: int) -> dict:
+    """The constexprs of :func:`_hooks` for ``n`` blocks in ``tiles`` tiles per row."""
+    block = triton.next_power_of_2(n)
+    return dict(HOOK_BLOCK=block, SLOTS=min(triton.next_power_of_2(tiles), max(1, 8192 // block)),
+                JUMPS=(n - 1).bit_length() + 1)
+
+
 def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Minimum spanning trees of centroids ``[L, n, D]`` under the strict order ``(distance, i, j)`` by
     Boruvka rounds: ``(lo, hi, length)``, each ``[L, n]`` with the ``n - 1`` tree edges (``lo < hi``) of
     each lane first, in no particular order, and a zeroed int32 ``[L, n]`` buffer (for the edge ranks).
     Only the upper-triangle tiles of the distances are written; the distance kernel also does the first
-    round's search (and writes ``finite``, see :func:`distances`). ``ceil(log2(n))`` rounds of two launches
-    (components at least halve each round; the launches of a lane whose tree is complete return at once),
-    with no host sync."""
+    round's search and hooks (and writes ``finite``, see :func:`distances`). ``ceil(log2(n))`` rounds of one
+    launch each (components at least halve each round; the programs of a lane whose tree is complete return
+    at once), with no host sync."""
     lanes, n, _ = centroids.shape
-    device, block = centroids.device, triton.next_power_of_2(n)
+    device = centroids.device
     tile = _distance_tile(centroids.dtype, lanes, n)[0]
     tiles = triton.cdiv(n, tile)
+    log_n = (n - 1).bit_length()
     plen = torch.empty(lanes, n, tiles, dtype=centroids.dtype, device=device)
     pkey = torch.empty(lanes, n, tiles, dtype=torch.int32, device=device)
-    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite)
     # one zeroed buffer: with NaN distances the tree may not span, and the unfilled edge slots must still
-    # index blocks; the counts of recorded edges start at 0
-    zeroed = torch.zeros(3 * lanes * n + lanes, dtype=torch.int32, device=device)
+    # index blocks; the counts of recorded edges and of arrivals start at 0
+    zeroed = torch.zeros(3 * lanes * n + lanes + log_n * lanes, dtype=torch.int32, device=device)
     edge_lo, edge_hi, by_rank = zeroed[:3 * lanes * n].view(3, lanes * n).unbind(0)
-    count = zeroed[3 * lanes * n:]
+    count = zeroed[3 * lanes * n:3 * lanes * n + lanes]
+    arrived = zeroed[3 * lanes * n + lanes:].view(log_n, lanes)
     comp, comp_key, jump = torch.empty(3, lanes * n, dtype=torch.int32, device=device).unbind(0)
-    edge_len = torch.empty(lanes * n, dtype=dist.dtype, device=device)
-    bits = torch.int64 if dist.dtype == torch.float64 else torch.int32
+    edge_len = torch.empty(lanes * n, dtype=centroids.dtype, device=device)
+    bits = torch.int64 if centroids.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
-    log_n = (n - 1).bit_length()
-    for round in range(log_n):
-        if round:  # (the distance kernel did the first round's search)
-            _nearest_kernel[(tiles, tiles, lanes)](dist, comp, plen, pkey, count, n, tiles, dist.stride(0),
-                                                   dist.stride(1), BLOCK=tile, num_warps=4)
-        _hook_kernel[(lanes,)](comp, plen, pkey, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, n,
-                               tiles, BLOCK=block, SLOTS=min(triton.next_power_of_2(tiles), max(1, 8192 // block)),
-                               JUMPS=log_n + 1,
-                               FIRST=round == 0, num_warps=_num_warps(block))
+    forest = _Forest(comp, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, arrived)
+    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite, forest=forest)
+    for round in range(1, log_n):  # (the distance kernel did the first round)
+        _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles, dist.stride(0),
+                                             dist.stride(1), BLOCK=tile, **_hook_sizes(n, tiles), num_warps=4)
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 

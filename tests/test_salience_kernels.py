@@ -257,17 +257,19 @@ def test_prefetched_distance_loads_give_the_same_bits(dtype, device, monkeypatch
     centroids[1, 69, 12] = float("nan")
     tiles = triton.cdiv(70, sk._distance_tile(dtype, 2, 70)[0])
     results = []
-    for prefetch in (False, True):
+    for prefetch, grouped in ((False, False), (True, False), (False, True)):
         monkeypatch.setattr(sk, "DISTANCE_PREFETCH", prefetch)
+        monkeypatch.setattr(sk, "DISTANCE_GROUPED", grouped)
         minima = (torch.zeros(2, 70, tiles, dtype=dtype, device=device),
                   torch.zeros(2, 70, tiles, dtype=torch.int32, device=device))
         finite = sk.finite_flags(2, 70, dtype, device)
         dist = sk.distances(centroids.to(device), minima=minima, finite=finite)
         results.append([dist.cpu(), *(m.cpu() for m in minima), finite.cpu()])
-    plain, prefetched = results
+    plain = results[0]
     assert plain[3][0].all() and not plain[3][1].all()
     bits = lambda x: x.view(torch.int64 if x.element_size() == 8 else torch.int32)  # noqa: E731 (NaN too)
-    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(plain, prefetched))
+    for other in results[1:]:
+        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(plain, other))
 
 
 @pytest.mark.parametrize("lanes, nb, sinks, window, topk", [(1, 1, 1, 0, 1), (1, 40, 1, 1, 5), (3, 33, 0, 0, 4),

@@ -72,6 +72,12 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
     m = 2 * (n - 1)
     edge_real = i < n - 1
     block_real = i < n
+    # -- zeroed scratch and order: with NaN distances the tree may not span and some entries are never
+    # written; they must still index blocks (the results are then meaningless but in bounds)
+    for slot in range(2 * levels + SLOTS):
+        tl.store(base + slot * ARCS + i, 0)
+    tl.store(Order + out + i, 0, mask=block_real)
+    tl.debug_barrier()
     # -- each edge's rank
     e_of_rank = tl.load(ByRank + out + i, mask=edge_real, other=0)
     tl.store(RANK_OF + e_of_rank, i, mask=edge_real)
@@ -192,8 +198,6 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     arcs = max(2, triton.next_power_of_2(2 * n))
     levels = max(1, (n - 1).bit_length())
     rounds = max(1, (arcs - 1).bit_length())
-    # zeroed: with NaN distances the tree may not span and some entries are never written; they must still
-    # index blocks (the results are then meaningless but in bounds)
-    scratch = torch.zeros(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
+    scratch = torch.empty(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
     _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
                                  ARCS=arcs, num_warps=8)

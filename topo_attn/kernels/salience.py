@@ -45,7 +45,7 @@ from .prim_order import prim_order_parallel
 def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
                      Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
-                     PREFETCH: tl.constexpr, HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+                     PREFETCH: tl.constexpr, GROUPED: tl.constexpr, HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
                      JUMPS: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
@@ -72,6 +72,21 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
                     finite = finite & (tl.abs(a) < float("inf"))
                 a = a_next
                 b = b_next
+        elif GROUPED:
+            # (the same sums; four features' loads issued before their arithmetic; past the head dim, zeros)
+            for d in range(0, dim, 4):
+                a0 = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
+                b0 = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
+                a1 = tl.load(a_ptrs + (d + 1) * stride_cd, mask=rows < tl.where(d + 1 < dim, n, 0), other=0.0)
+                b1 = tl.load(b_ptrs + (d + 1) * stride_cd, mask=cols < tl.where(d + 1 < dim, n, 0), other=0.0)
+                a2 = tl.load(a_ptrs + (d + 2) * stride_cd, mask=rows < tl.where(d + 2 < dim, n, 0), other=0.0)
+                b2 = tl.load(b_ptrs + (d + 2) * stride_cd, mask=cols < tl.where(d + 2 < dim, n, 0), other=0.0)
+                a3 = tl.load(a_ptrs + (d + 3) * stride_cd, mask=rows < tl.where(d + 3 < dim, n, 0), other=0.0)
+                b3 = tl.load(b_ptrs + (d + 3) * stride_cd, mask=cols < tl.where(d + 3 < dim, n, 0), other=0.0)
+                acc, finite = _add_feature(acc, finite, a0, b0, FINITE)
+                acc, finite = _add_feature(acc, finite, a1, b1, FINITE)
+                acc, finite = _add_feature(acc, finite, a2, b2, FINITE)
+                acc, finite = _add_feature(acc, finite, a3, b3, FINITE)
         else:
             for d in range(dim):
                 a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
@@ -103,6 +118,15 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
 
 
 @triton.jit
+def _add_feature(acc, finite, a, b, FINITE: tl.constexpr):
+    diff = a[:, None] - b[None, :]
+    acc += diff * diff
+    if FINITE:
+        finite = finite & (tl.abs(a) < float("inf"))
+    return acc, finite
+
+
+@triton.jit
 def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, slots, tile_i, tile_j):
     """Within one upper-triangle tile of distances ``length [rows, cols]``: each row's lightest edge to
     another component and, off the diagonal, each column's; stored as the partial minimum of that block
@@ -125,6 +149,7 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
 
 
 DISTANCE_PREFETCH = False
+DISTANCE_GROUPED = False
 """Whether the distance kernel issues each feature's loads before the previous feature's arithmetic (the same
 sums, bit for bit). Off: not yet timed on a GPU (NOTES.md v6: the feature loop of the per-lane distances
 looks load-latency-bound)."""
@@ -162,7 +187,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
-                           PREFETCH=DISTANCE_PREFETCH, HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
+                           PREFETCH=DISTANCE_PREFETCH, GROUPED=DISTANCE_GROUPED, HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
     return dist
 
 
@@ -616,7 +641,6 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
         _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
                                                        COLS=min(64, block), num_warps=4)
         if parallel_order:
-            order.zero_()  # (every position is written when the tree spans; with NaN distances it must still index)
             prim_order_parallel(edge_lo, edge_hi, edge_len, by_rank, order, pair, length)
             in_program = False  # the elder passes in their grids
         else:

@@ -76,22 +76,40 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
     return rule_launch(salience, topk, sinks, window, finite)
 
 
+KEYS_IN_GRAPH_MAX_BYTES = 16 * 2**20
+"""Keys up to this many bytes are copied into a graph's input buffer and their centroids computed inside the
+graph (a copy launch instead of the centroid kernel's Triton launch, which costs more host time); larger
+keys (per-lane builds) have the centroid kernel launched before the replay, writing into the graph's
+centroid buffer."""
+
+
 class _BuildGraph:
-    """The stages after the centroids, captured for one shape and rule; ``centroids`` is its input."""
+    """The stages after the centroids (and, with ``keys`` given, the centroids of a copy of them), captured for
+    one shape and rule; its input is ``keys`` (then ``[L, S, D]``) or else ``centroids``."""
 
     def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
-                 rule: tuple[int, int, int]):
+                 rule: tuple[int, int, int], keys: tuple[int, int, torch.dtype] | None = None):
         # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
         self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
+        self.keys = None
+        if keys is not None:
+            seq, block_size, keys_dtype = keys
+            self.keys = torch.zeros(lanes, seq, dim, dtype=keys_dtype, device=device)
+
+        def stages():
+            if self.keys is not None:
+                block_centroids_kernel(self.keys, block_size, dtype, out=self.centroids)
+            return _stages(self.centroids, *rule)
+
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            _stages(self.centroids, *rule)
+            stages()
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = _stages(self.centroids, *rule)
+            self.outputs = stages()
 
 
 def clear_graphs() -> None:
@@ -100,10 +118,10 @@ def clear_graphs() -> None:
 
 
 def _graph_for(key: tuple, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
-               rule: tuple[int, int, int]) -> _BuildGraph:
+               rule: tuple[int, int, int], keys: tuple[int, int, torch.dtype] | None) -> _BuildGraph:
     graph = _graphs.pop(key, None)
     if graph is None:
-        graph = _BuildGraph(lanes, n, dim, dtype, device, rule)
+        graph = _BuildGraph(lanes, n, dim, dtype, device, rule, keys)
     _graphs[key] = graph  # most recently used last
     while len(_graphs) > MAX_GRAPHS:
         _graphs.popitem(last=False)
@@ -123,9 +141,13 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     graphed = keys.is_cuda and USE_GRAPHS and scratch <= GRAPH_MAX_BYTES
     if graphed:
         device = keys.device
-        key = (device, torch.cuda.current_stream(device).cuda_stream, lanes, n, dim, dtype, rule)
-        graph = _graph_for(key, lanes, n, dim, dtype, device, rule)
-        block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
+        copied = (seq, block_size, keys.dtype) if keys.numel() * keys.element_size() <= KEYS_IN_GRAPH_MAX_BYTES else None
+        key = (device, torch.cuda.current_stream(device).cuda_stream, lanes, n, dim, dtype, rule, copied)
+        graph = _graph_for(key, lanes, n, dim, dtype, device, rule, copied)
+        if copied:
+            graph.keys.copy_(keys)
+        else:
+            block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
         graph.graph.replay()
         rows, status = graph.outputs
     else:

@@ -122,6 +122,20 @@ def test_parallel_prim_order_gives_the_cpu_saliences(n, dim, ties, seed):
     assert torch.equal(got, _cpu_salience(centroids))
 
 
+@pytest.mark.parametrize("hooks_in_search", [True, False])
+def test_boruvka_hooks_fused_or_launched_alone_give_the_cpu_saliences(hooks_in_search, device, monkeypatch):
+    """Each round's hooks run in the last search program of the lane to finish, or in a launch of their own:
+    both give the CPU path's saliences (three lanes of 150 blocks in 5 x 5 tiles; lattice ties in one lane)."""
+    from topo_attn.kernels import salience as sk
+
+    monkeypatch.setattr(sk, "HOOKS_IN_SEARCH", hooks_in_search)
+    gen = torch.Generator().manual_seed(150)
+    centroids = torch.randn(3, 150, 6, generator=gen, dtype=torch.float64)
+    centroids[1] = torch.randint(0, 3, (150, 6), generator=gen).double()
+    got = salience_kernels(centroids.to(device), mst="boruvka").cpu()
+    assert torch.equal(got, _cpu_salience(centroids))
+
+
 @pytest.mark.parametrize("mst, parallel_order", [("prim", False), ("boruvka", False), ("boruvka", True)])
 def test_non_finite_centroids_stay_in_bounds(mst, parallel_order, device):
     """NaN distances may leave the tree unfinished: the kernels must still read and write only their own

@@ -251,8 +251,8 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 
 @triton.jit
 def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, n,
-                  slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOK_BLOCK: tl.constexpr,
-                  SLOTS: tl.constexpr, JUMPS: tl.constexpr):
+                  slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOKS: tl.constexpr,
+                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr):
     # -- a Boruvka round after the first. Per upper-triangle tile, each block's lightest edge to another
     # component (a lane whose tree is complete does nothing)
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
@@ -268,8 +268,19 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeH
         length = tl.load(dist, mask=outside, other=float("inf"))
         _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
         # -- then, in the lane's last program to finish, the hooks
-        _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
-                         Arrived, HOOK_BLOCK, SLOTS, JUMPS, False)
+        if HOOKS:
+            _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen,
+                             Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, False)
+
+
+@triton.jit
+def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
+                 HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
+    # -- the hooks in a launch of their own (HOOKS_IN_SEARCH = False), one program per lane
+    lane = tl.program_id(0).to(tl.int64)
+    if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+               HOOK_BLOCK, SLOTS, JUMPS, FIRST)
 
 
 @triton.jit
@@ -508,6 +519,11 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
+HOOKS_IN_SEARCH = True
+"""Whether each Boruvka round's hooks run in the last of its search programs to finish (one launch per round)
+or in a launch of their own after the search (two per round, the layout timed before v7 of NOTES.md)."""
+
+
 class _Forest(NamedTuple):
     """Boruvka's state for ``L`` lanes of ``n`` blocks (int32 ``[L * n]`` unless noted): component labels,
     each component's lightest edge (its length's bits, int64 or int32, and its pair), pointer-jumping
@@ -564,10 +580,17 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     bits = torch.int64 if centroids.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
     forest = _Forest(comp, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, arrived)
-    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite, forest=forest)
-    for round in range(1, log_n):  # (the distance kernel did the first round)
-        _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles, dist.stride(0),
-                                             dist.stride(1), BLOCK=tile, **_hook_sizes(n, tiles), num_warps=4)
+    fused = HOOKS_IN_SEARCH
+    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite, forest=forest if fused else None)
+    sizes = _hook_sizes(n, tiles)
+    for round in range(log_n):
+        if round:  # (the distance kernel did the first round's search)
+            _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
+                                                 dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused, **sizes,
+                                                 num_warps=4)
+        if not fused:
+            _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:8], n, tiles, **sizes, FIRST=round == 0,
+                                   num_warps=_num_warps(sizes["HOOK_BLOCK"]))
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 

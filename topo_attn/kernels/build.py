@@ -76,7 +76,7 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
     return rule_launch(salience, topk, sinks, window, finite)
 
 
-KEYS_IN_GRAPH_MAX_BYTES = 16 * 2**20
+KEYS_IN_GRAPH_MAX_BYTES = 0
 """Keys up to this many bytes are copied into a graph's input buffer and their centroids computed inside the
 graph (a copy launch instead of the centroid kernel's Triton launch, which costs more host time); larger
 keys (per-lane builds) have the centroid kernel launched before the replay, writing into the graph's

@@ -519,7 +519,7 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
-HOOKS_IN_SEARCH = True
+HOOKS_IN_SEARCH = False
 """Whether each Boruvka round's hooks run in the last of its search programs to finish (one launch per round)
 or in a launch of their own after the search (two per round, the layout timed before v7 of NOTES.md)."""
 

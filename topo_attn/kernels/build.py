@@ -5,9 +5,10 @@ Stages, all on the keys' device: block centroids (:mod:`.centroids`), their fini
 (:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). Everything after the centroids is captured once
 per (device, stream, lanes, blocks, head dim, dtype, rule) and replayed: launched one by one from Python, its
 launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel runs before
-the replay and writes into the graph's input buffer (a copy of the keys into a fixed buffer would cost more
-than its launch). The one host sync then reads back the entry count and the finiteness flag, and the rows are
-copied out of the graph's buffers, so a schedule never aliases them.
+the replay and writes into the graph's input buffer, or, for keys up to :data:`KEYS_IN_GRAPH_MAX_BYTES`, the
+keys are copied into the graph and their centroids computed inside it. The rows
+are copied out of the graph's buffers, so a schedule never aliases them, and the one host sync then reads
+back the entry count and the finiteness flag.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
     return rule_launch(salience, topk, sinks, window, finite)
 
 
-KEYS_IN_GRAPH_MAX_BYTES = 0
-"""Keys up to this many bytes are copied into a graph's input buffer and their centroids computed inside the
-graph (a copy launch instead of the centroid kernel's Triton launch, which costs more host time); larger
-keys (per-lane builds) have the centroid kernel launched before the replay, writing into the graph's
-centroid buffer."""
+KEYS_IN_GRAPH_MAX_BYTES = 16 * 2**20
+"""Keys up to this many bytes (one head of 64k bf16 tokens of dimension 128) are copied into a graph's input
+buffer and their centroids computed inside the graph: a copy launch instead of the centroid kernel's Triton
+launch, which costs more host time (H200, shared 32k build timed from the host: 0.205 instead of 0.224 ms;
+NOTES.md v8). Larger keys (per-lane builds) have the centroid kernel launched before the replay, writing into
+the graph's centroid buffer."""
 
 
 class _BuildGraph:
@@ -110,6 +112,7 @@ class _BuildGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = stages()
+        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)  # the status read back after a replay
 
 
 def clear_graphs() -> None:
@@ -149,12 +152,15 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         else:
             block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
         graph.graph.replay()
-        rows, status = graph.outputs
+        # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the whole rows
+        # buffer, launched before the sync (so its host time overlaps the GPU's), and the status is read back
+        # through pinned memory
+        rows = graph.outputs[0].clone()
+        graph.status.copy_(graph.outputs[1], non_blocking=True)
+        torch.cuda.current_stream(device).synchronize()
+        total, finite = graph.status.tolist()
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
-    total, finite = status.tolist()
+        total, finite = status.tolist()
     raise_unless_finite("keys", bool(finite))
-    row_count = lanes * n
-    if graphed:  # the graph's buffers are overwritten by its next replay: one copy of offsets and indices
-        rows = rows[:row_count + 1 + total].clone()
-    return split_rows(rows, row_count, total)
+    return split_rows(rows, lanes * n, total)

@@ -117,6 +117,15 @@ def rule_bound(nb: int, topk: int, sinks: int, window: int) -> int:
     return width * (width + 1) // 2 + (nb - width) * width
 
 
+RANK_TILE = (64, 64)
+"""(blocks, columns) per step of the ranking grid: each program ranks ``blocks`` blocks against ``columns``
+others at a time."""
+
+ROW_TILE = (32, 64)
+"""(rows, columns) per step of the rows grid: each program writes ``rows`` rows, reading ``columns`` flags at a
+time."""
+
+
 def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
                 finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches. Returns
@@ -126,12 +135,14 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
     None counts as finite."""
     lanes, nb = salience.shape
     device = salience.device
-    rank_rows, cols = 64, min(64, triton.next_power_of_2(nb))
+    rank_rows, rank_cols = RANK_TILE
+    block_r, cols = ROW_TILE[0], min(ROW_TILE[1], triton.next_power_of_2(nb))
     parts_per_lane = triton.cdiv(nb, rank_rows)
     flags = torch.empty(lanes, nb, dtype=torch.int8, device=device)
     parts = torch.empty(lanes, parts_per_lane, dtype=torch.int32, device=device)
     _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
-                                               ROWS=rank_rows, COLS=cols, num_warps=4)
+                                               ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)),
+                                               num_warps=4)
     rows = torch.empty(lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32,
                        device=device)
     status = torch.empty(2, dtype=torch.int64, device=device)
@@ -140,7 +151,6 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
     elif finite.dtype == torch.bool:
         finite = finite.view(torch.uint8)
     finite = finite.reshape(-1)
-    block_r = 32
     _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, rows, rows[lanes * nb + 1:], status,
                                                          lanes, nb, sinks, window, parts_per_lane, finite.numel(),
                                                          BLOCK_R=block_r, COLS=cols, num_warps=4)

@@ -149,10 +149,13 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
 
 
 DISTANCE_PREFETCH = False
-DISTANCE_GROUPED = False
 """Whether the distance kernel issues each feature's loads before the previous feature's arithmetic (the same
-sums, bit for bit). Off: not yet timed on a GPU (NOTES.md v6: the feature loop of the per-lane distances
-looks load-latency-bound)."""
+sums, bit for bit). Off: on the H200 it changed bare distances by less than the noise (32 lanes of 512 blocks,
+float64: 227 vs 230 us; NOTES.md v8)."""
+
+DISTANCE_GROUPED = False
+"""Whether the distance kernel issues four features' loads before their arithmetic (the same sums). Off, as
+:data:`DISTANCE_PREFETCH` (230 vs 230 us)."""
 
 
 def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
@@ -521,7 +524,8 @@ passes took 0.26 ms, the grid's 0.04 ms)."""
 
 HOOKS_IN_SEARCH = False
 """Whether each Boruvka round's hooks run in the last of its search programs to finish (one launch per round)
-or in a launch of their own after the search (two per round, the layout timed before v7 of NOTES.md)."""
+or in a launch of their own after the search (two per round). Off: on the H200 the fused rounds left the
+shared 32k build as it was (0.204 vs 0.199 ms) and doubled the per-lane one (1.27 vs 0.59 ms; NOTES.md v8)."""
 
 
 class _Forest(NamedTuple):
@@ -599,8 +603,10 @@ PARALLEL_ORDER_MAX_BLOCKS = 2048
 """Up to this many blocks Boruvka builds find Prim's order with :mod:`.prim_order` by default (H200, 512
 blocks: 28 us instead of the step-by-step walk's 104; 2048 blocks: 251 instead of 782; not timed above)."""
 
-PRIM_MAX_BLOCKS = 128
-"""Up to this many blocks Prim over all pairs is as fast as Boruvka + Prim over the tree (H200, NOTES.md)."""
+PRIM_MAX_BLOCKS = 32
+"""Up to this many blocks Prim over all pairs is used; above, Boruvka + Prim over the tree. On the H200
+(NOTES.md v8) Boruvka was faster at 128 blocks (shared builds 0.19 vs 0.23 ms at S = 8k, 0.18-0.28 vs 0.33 at
+16k with 128-token blocks) and as fast or slightly faster at 64."""
 
 BORUVKA_MAX_BYTES = 48 * 2**20
 """Above this many bytes of stored distances (the upper triangle, all lanes) Prim over all pairs is used:

@@ -638,6 +638,10 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
     return salience_and_finite(centroids, num_warps, elder_in_program, mst, parallel_order=parallel_order)[0]
 
 
+RANK_ROWS, RANK_COLS = 64, 64
+"""Edges per program of ``_edge_rank_kernel`` and edges it compares them with per step."""
+
+
 def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,
                         mst: str | None = None, out: torch.Tensor | None = None,
                         finite: torch.Tensor | None = None, parallel_order: bool | None = None
@@ -667,8 +671,9 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
         parallel_order = n <= PARALLEL_ORDER_MAX_BLOCKS and not in_program
     if mst == "boruvka":
         edge_lo, edge_hi, edge_len, by_rank = _boruvka(centroids, finite)
-        _edge_rank_kernel[(triton.cdiv(n, 64), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=64,
-                                                       COLS=min(64, block), num_warps=4)
+        _edge_rank_kernel[(triton.cdiv(n, RANK_ROWS), lanes)](edge_lo, edge_hi, edge_len, by_rank, n,
+                                                              ROWS=RANK_ROWS, COLS=min(RANK_COLS, block),
+                                                              num_warps=4)
         if parallel_order:
             prim_order_parallel(edge_lo, edge_hi, edge_len, by_rank, order, pair, length)
             in_program = False  # the elder passes in their grids

@@ -516,6 +516,12 @@ def _num_warps(block: int) -> int:
     return 4 if block <= 256 else 8 if block <= 512 else 16
 
 
+def _hook_warps(block: int) -> int:
+    # Boruvka's hooks: one block per thread from 512 blocks (H200, shared 32k build: the graph's GPU time
+    # 144 -> 138 us with 16 warps instead of 8; 4 warps: 159)
+    return 16 if block >= 512 else _num_warps(block)
+
+
 ELDER_IN_PROGRAM = 64
 """Most blocks for which the elder-rule passes run at the end of the Prim program; larger trees get a grid
 of programs for each pass (on the H200 the grid was faster from 128 blocks; at 512 blocks the in-program
@@ -594,7 +600,7 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
                                                  num_warps=4)
         if not fused:
             _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:8], n, tiles, **sizes, FIRST=round == 0,
-                                   num_warps=_num_warps(sizes["HOOK_BLOCK"]))
+                                   num_warps=_hook_warps(sizes["HOOK_BLOCK"]))
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 
@@ -638,8 +644,9 @@ def salience_kernels(centroids: torch.Tensor, num_warps: int | None = None,
     return salience_and_finite(centroids, num_warps, elder_in_program, mst, parallel_order=parallel_order)[0]
 
 
-RANK_ROWS, RANK_COLS = 64, 64
-"""Edges per program of ``_edge_rank_kernel`` and edges it compares them with per step."""
+RANK_ROWS, RANK_COLS = 16, 512
+"""Edges per program of ``_edge_rank_kernel`` and edges it compares them with per step (H200, 512 blocks:
+7.1 -> 3.0 us for one lane, 9.3 -> 6.6 for 32, against 64 x 64; NOTES.md v8)."""
 
 
 def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, elder_in_program: bool | None = None,

@@ -273,32 +273,6 @@ def test_distances_are_exact_differences(device):
     torch.testing.assert_close(dist, exact, rtol=1e-13, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_prefetched_distance_loads_give_the_same_bits(dtype, device, monkeypatch):
-    """``DISTANCE_PREFETCH`` only moves the loads: distances, Boruvka's first-round minima and the finiteness
-    flags equal the plain loop's bit for bit (a NaN centroid in the last tile of the second lane)."""
-    from topo_attn.kernels import salience as sk
-
-    gen = torch.Generator().manual_seed(3)
-    centroids = torch.randn(2, 70, 13, generator=gen, dtype=dtype)
-    centroids[1, 69, 12] = float("nan")
-    tiles = triton.cdiv(70, sk._distance_tile(dtype, 2, 70)[0])
-    results = []
-    for prefetch, grouped in ((False, False), (True, False), (False, True)):
-        monkeypatch.setattr(sk, "DISTANCE_PREFETCH", prefetch)
-        monkeypatch.setattr(sk, "DISTANCE_GROUPED", grouped)
-        minima = (torch.zeros(2, 70, tiles, dtype=dtype, device=device),
-                  torch.zeros(2, 70, tiles, dtype=torch.int32, device=device))
-        finite = sk.finite_flags(2, 70, dtype, device)
-        dist = sk.distances(centroids.to(device), minima=minima, finite=finite)
-        results.append([dist.cpu(), *(m.cpu() for m in minima), finite.cpu()])
-    plain = results[0]
-    assert plain[3][0].all() and not plain[3][1].all()
-    bits = lambda x: x.view(torch.int64 if x.element_size() == 8 else torch.int32)  # noqa: E731 (NaN too)
-    for other in results[1:]:
-        assert all(torch.equal(bits(a), bits(b)) for a, b in zip(plain, other))
-
-
 @pytest.mark.parametrize("lanes, nb, sinks, window, topk", [(1, 1, 1, 0, 1), (1, 40, 1, 1, 5), (3, 33, 0, 0, 4),
                                                             (2, 17, 3, 4, 17), (1, 64, 64, 63, 64), (2, 50, 2, 0, 0),
                                                             (2, 150, 1, 2, 19)])

@@ -45,7 +45,7 @@ from .prim_order import prim_order_parallel
 def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
                      Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
-                     PREFETCH: tl.constexpr, GROUPED: tl.constexpr, HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
+                     HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
                      JUMPS: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
@@ -58,43 +58,13 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
         # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
         acc = tl.zeros([BLOCK, BLOCK], C.dtype.element_ty)
         finite = tl.full([BLOCK], 1, tl.int1)
-        if PREFETCH:
-            # (the same sums; each feature's loads are issued before the previous feature's arithmetic)
-            a = tl.load(a_ptrs, mask=rows < n, other=0.0)
-            b = tl.load(b_ptrs, mask=cols < n, other=0.0)
-            for d in range(1, dim + 1):
-                ahead = tl.minimum(d, dim - 1)  # (after the last feature: a spare load of it, unused)
-                a_next = tl.load(a_ptrs + ahead * stride_cd, mask=rows < n, other=0.0)
-                b_next = tl.load(b_ptrs + ahead * stride_cd, mask=cols < n, other=0.0)
-                diff = a[:, None] - b[None, :]
-                acc += diff * diff
-                if FINITE:
-                    finite = finite & (tl.abs(a) < float("inf"))
-                a = a_next
-                b = b_next
-        elif GROUPED:
-            # (the same sums; four features' loads issued before their arithmetic; past the head dim, zeros)
-            for d in range(0, dim, 4):
-                a0 = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
-                b0 = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
-                a1 = tl.load(a_ptrs + (d + 1) * stride_cd, mask=rows < tl.where(d + 1 < dim, n, 0), other=0.0)
-                b1 = tl.load(b_ptrs + (d + 1) * stride_cd, mask=cols < tl.where(d + 1 < dim, n, 0), other=0.0)
-                a2 = tl.load(a_ptrs + (d + 2) * stride_cd, mask=rows < tl.where(d + 2 < dim, n, 0), other=0.0)
-                b2 = tl.load(b_ptrs + (d + 2) * stride_cd, mask=cols < tl.where(d + 2 < dim, n, 0), other=0.0)
-                a3 = tl.load(a_ptrs + (d + 3) * stride_cd, mask=rows < tl.where(d + 3 < dim, n, 0), other=0.0)
-                b3 = tl.load(b_ptrs + (d + 3) * stride_cd, mask=cols < tl.where(d + 3 < dim, n, 0), other=0.0)
-                acc, finite = _add_feature(acc, finite, a0, b0, FINITE)
-                acc, finite = _add_feature(acc, finite, a1, b1, FINITE)
-                acc, finite = _add_feature(acc, finite, a2, b2, FINITE)
-                acc, finite = _add_feature(acc, finite, a3, b3, FINITE)
-        else:
-            for d in range(dim):
-                a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
-                b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
-                diff = a[:, None] - b[None, :]
-                acc += diff * diff
-                if FINITE:
-                    finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
+        for d in range(dim):
+            a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
+            b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
+            diff = a[:, None] - b[None, :]
+            acc += diff * diff
+            if FINITE:
+                finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
         dist = tl.sqrt(acc)
         # -- a diagonal tile flags whether its blocks' centroids are all finite
         if FINITE:
@@ -118,15 +88,6 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
 
 
 @triton.jit
-def _add_feature(acc, finite, a, b, FINITE: tl.constexpr):
-    diff = a[:, None] - b[None, :]
-    acc += diff * diff
-    if FINITE:
-        finite = finite & (tl.abs(a) < float("inf"))
-    return acc, finite
-
-
-@triton.jit
 def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, slots, tile_i, tile_j):
     """Within one upper-triangle tile of distances ``length [rows, cols]``: each row's lightest edge to
     another component and, off the diagonal, each column's; stored as the partial minimum of that block
@@ -146,16 +107,6 @@ def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, sl
         col_key = tl.min(tl.where(length == col_len[None, :], pair, NONE), 0)
         tl.store(PLen + base + cols * slots + tile_i, col_len, mask=cols < n)
         tl.store(PKey + base + cols * slots + tile_i, col_key, mask=cols < n)
-
-
-DISTANCE_PREFETCH = False
-"""Whether the distance kernel issues each feature's loads before the previous feature's arithmetic (the same
-sums, bit for bit). Off: on the H200 it changed bare distances by less than the noise (32 lanes of 512 blocks,
-float64: 227 vs 230 us; NOTES.md v8)."""
-
-DISTANCE_GROUPED = False
-"""Whether the distance kernel issues four features' loads before their arithmetic (the same sums). Off, as
-:data:`DISTANCE_PREFETCH` (230 vs 230 us)."""
 
 
 def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
@@ -190,7 +141,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
-                           PREFETCH=DISTANCE_PREFETCH, GROUPED=DISTANCE_GROUPED, HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
+                           HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
     return dist
 
 

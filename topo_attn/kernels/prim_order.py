@@ -25,6 +25,10 @@ import triton.language as tl
 SLOTS = tl.constexpr(14)
 """Scratch arrays of ``ARCS`` entries per lane, besides the lifting tables."""
 
+WARPS = 8
+"""Warps of the one program per lane (8 as first timed; Boruvka's hooks, also one latency-bound program per
+lane, got 5% faster with 16 at 512 blocks: a candidate for the next sweep, NOTES.md v8)."""
+
 
 @triton.jit
 def _list_rank(Dist, Nxt, succ, mask, rounds, SIZE: tl.constexpr):
@@ -200,4 +204,4 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     rounds = max(1, (arcs - 1).bit_length())
     scratch = torch.empty(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
     _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
-                                 ARCS=arcs, num_warps=8)
+                                 ARCS=arcs, num_warps=WARPS)

@@ -132,13 +132,15 @@ def test_parallel_prim_order_gives_the_cpu_saliences(n, dim, ties, seed):
     _assert_cpu_saliences(got, centroids)
 
 
-@pytest.mark.parametrize("hooks_in_search", [True, False])
-def test_boruvka_hooks_fused_or_launched_alone_give_the_cpu_saliences(hooks_in_search, device, monkeypatch):
-    """Each round's hooks run in the last search program of the lane to finish, or in a launch of their own:
-    both give the CPU path's saliences (three lanes of 150 blocks in 5 x 5 tiles; lattice ties in one lane)."""
+@pytest.mark.parametrize("fused_lanes, first_fused", [(3, True), (3, False), (0, False)])
+def test_boruvka_hooks_fused_or_launched_alone_give_the_cpu_saliences(fused_lanes, first_fused, device, monkeypatch):
+    """Each round's hooks run in the last search program of the lane to finish (the first round's in the
+    distance kernel or alone), or in a launch of their own: all give the CPU path's saliences (three lanes
+    of 150 blocks in 5 x 5 tiles; lattice ties in one lane)."""
     from topo_attn.kernels import salience as sk
 
-    monkeypatch.setattr(sk, "HOOKS_IN_SEARCH", hooks_in_search)
+    monkeypatch.setattr(sk, "HOOKS_IN_SEARCH_MAX_LANES", fused_lanes)
+    monkeypatch.setattr(sk, "FIRST_HOOKS_IN_DISTANCES", first_fused)
     gen = torch.Generator().manual_seed(150)
     centroids = torch.randn(3, 150, 6, generator=gen, dtype=torch.float64)
     centroids[1] = torch.randint(0, 3, (150, 6), generator=gen).double()

@@ -7,8 +7,8 @@ per (device, stream, lanes, blocks, head dim, dtype, rule) and replayed: launche
 launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel runs before
 the replay and writes into the graph's input buffer, or, for keys up to :data:`KEYS_IN_GRAPH_MAX_BYTES`, the
 keys are copied into the graph and their centroids computed inside it. The rows
-are copied out of the graph's buffers, so a schedule never aliases them, and the one host sync then reads
-back the entry count and the finiteness flag.
+are copied out of the graph's buffers, so a schedule never aliases them; the rows kernel writes the entry
+count and the finiteness flag to pinned host memory, read after the one host sync.
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ def _lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
     return groups if lanes >= 2 * groups and lanes % groups == 0 else 1
 
 
-def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
+def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None):
     """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rule_rows.rule_launch`, with no host
-    sync; the status holds the centroids' finiteness flag."""
+    sync; the status holds the centroids' finiteness flag (written to ``status`` if given)."""
     lanes, n, _ = centroids.shape
     groups = _lane_groups(lanes, n, centroids.dtype) if centroids.is_cuda else 1
     if groups == 1:
         salience, finite = salience_and_finite(centroids)
-        return rule_launch(salience, topk, sinks, window, finite)
+        return rule_launch(salience, topk, sinks, window, finite, status)
     # -- lane groups on parallel streams, each writing its share of the saliences and flags
     size = lanes // groups
     salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device)
@@ -74,7 +74,7 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int):
             salience_and_finite(centroids[lanes_g], out=salience[lanes_g], finite=finite[g])
     for stream in streams:
         main.wait_stream(stream)
-    return rule_launch(salience, topk, sinks, window, finite)
+    return rule_launch(salience, topk, sinks, window, finite, status)
 
 
 KEYS_IN_GRAPH_MAX_BYTES = 16 * 2**20
@@ -101,7 +101,11 @@ class _BuildGraph:
         def stages():
             if self.keys is not None:
                 block_centroids_kernel(self.keys, block_size, dtype, out=self.centroids)
-            return _stages(self.centroids, *rule)
+            return _stages(self.centroids, *rule, status=self.status)
+
+        # the status (entry count, finiteness flag): written by the rows kernel straight to pinned host
+        # memory, which the host reads after the sync (no copy launched)
+        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
 
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
@@ -112,7 +116,6 @@ class _BuildGraph:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = stages()
-        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)  # the status read back after a replay
 
 
 def clear_graphs() -> None:
@@ -153,10 +156,8 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
             block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
         graph.graph.replay()
         # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the whole rows
-        # buffer, launched before the sync (so its host time overlaps the GPU's), and the status is read back
-        # through pinned memory
+        # buffer, launched before the sync (so its host time overlaps the GPU's)
         rows = graph.outputs[0].clone()
-        graph.status.copy_(graph.outputs[1], non_blocking=True)
         torch.cuda.current_stream(device).synchronize()
         total, finite = graph.status.tolist()
     else:

@@ -127,13 +127,14 @@ time. Both tiles from an H200 sweep (NOTES.md v8; the two launches for 512 block
 lane, 32.6 -> 27.0 for 32 lanes, against the earlier (64, 64) and (32, 64)."""
 
 
-def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
-                finite: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, finite: torch.Tensor | None = None,
+                status: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches. Returns
     ``rows``, one int32 buffer holding the offsets (``L * nb + 1``) and then room for :func:`rule_bound`
     entries per lane, whose first ``offsets[-1]`` entries are the indices; and a device ``int64 [2]`` status
     ``(offsets[-1], finite)``. ``finite``: device flags (any shape, bool or integer), all nonzero or not;
-    None counts as finite."""
+    None counts as finite. ``status``: an int64 ``[2]`` tensor the kernel writes the status to instead, e.g.
+    pinned host memory, which the host reads after a sync with no copy launched."""
     lanes, nb = salience.shape
     device = salience.device
     rank_rows, rank_cols = RANK_TILE
@@ -146,7 +147,8 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int,
                                                num_warps=4)
     rows = torch.empty(lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32,
                        device=device)
-    status = torch.empty(2, dtype=torch.int64, device=device)
+    if status is None:
+        status = torch.empty(2, dtype=torch.int64, device=device)
     if finite is None:
         finite = status[:0]  # no flags
     elif finite.dtype == torch.bool:

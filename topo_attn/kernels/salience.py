@@ -46,7 +46,7 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
                      Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
                      HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
-                     JUMPS: tl.constexpr):
+                     JUMPS: tl.constexpr, UNROLL: tl.constexpr):
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
     if tile_j >= tile_i:
@@ -58,13 +58,16 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
         # -- squared differences summed one feature after another (the same order for (i, j) and (j, i))
         acc = tl.zeros([BLOCK, BLOCK], C.dtype.element_ty)
         finite = tl.full([BLOCK], 1, tl.int1)
-        for d in range(dim):
-            a = tl.load(a_ptrs + d * stride_cd, mask=rows < n, other=0.0)
-            b = tl.load(b_ptrs + d * stride_cd, mask=cols < n, other=0.0)
-            diff = a[:, None] - b[None, :]
-            acc += diff * diff
-            if FINITE:
-                finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
+        for start in range(0, dim, UNROLL):
+            for u in tl.static_range(UNROLL):
+                d = start + u
+                feature = rows * 0 + d < dim  # (a tail step reads zeros, which add exactly nothing)
+                a = tl.load(a_ptrs + d * stride_cd, mask=(rows < n) & feature, other=0.0)
+                b = tl.load(b_ptrs + d * stride_cd, mask=(cols < n) & feature, other=0.0)
+                diff = a[:, None] - b[None, :]
+                acc += diff * diff
+                if FINITE:
+                    finite = finite & (tl.abs(a) < float("inf"))  # False for NaN too
         dist = tl.sqrt(acc)
         # -- a diagonal tile flags whether its blocks' centroids are all finite
         if FINITE:
@@ -119,6 +122,13 @@ def _distance_tile(dtype: torch.dtype, lanes: int, n: int) -> tuple[int, int]:
     return 32, 4
 
 
+def _distance_unroll(lanes: int) -> int:
+    """Features per step of the distance kernel's loop, unrolled (the sums keep their order). H200, 512
+    blocks of dimension 128 (NOTES.md v9): one lane (one wave of tiles, latency-bound) 32.8 -> 27.7 us with 4
+    (the shared 32k build's graph 134.5 -> 118.8 us in float64); 32 lanes 225.5 -> 214.6 us with 2 (4: 227)."""
+    return 4 if lanes == 1 else 2
+
+
 def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.Tensor, torch.Tensor] | None = None,
               finite: torch.Tensor | None = None, forest: "_Forest | None" = None) -> torch.Tensor:
     """``sqrt(sum((c_i - c_j)^2))`` for centroids ``[L, n, D]`` -> ``[L, n, n]`` in their dtype: no
@@ -141,7 +151,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
-                           HOOKS=hooks, **_hook_sizes(n, tiles), num_warps=warps)
+                           HOOKS=hooks, **_hook_sizes(n, tiles), UNROLL=_distance_unroll(lanes), num_warps=warps)
     return dist
 
 
@@ -230,7 +240,7 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeH
 @triton.jit
 def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
-    # -- the hooks in a launch of their own (HOOKS_IN_SEARCH = False), one program per lane
+    # -- the hooks in a launch of their own (see HOOKS_IN_SEARCH_MAX_LANES), one program per lane
     lane = tl.program_id(0).to(tl.int64)
     if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
         _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
@@ -295,16 +305,17 @@ def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, Ed
     # -- a root hooks onto the component across its edge; when two components chose the same edge, the one
     # with the lower label stays a root and records the edge (every tree edge is recorded once)
     is_root = inside & (comp == v)
-    edge = tl.load(CompKey + base + v, mask=is_root, other=NONE)
+    chosen = tl.load(CompKey + base + v, mask=inside, other=NONE)  # each component's edge, at its root
+    edge = tl.where(is_root, chosen, NONE)
     has_edge = is_root & (edge < NONE)
     lo, hi = edge // n, edge % n
     if FIRST:
         comp_lo, comp_hi = lo, hi
-    else:
-        comp_lo = tl.load(Comp + base + lo, mask=has_edge, other=0)
-        comp_hi = tl.load(Comp + base + hi, mask=has_edge, other=0)
-    target = tl.where(comp_lo == v, comp_hi, comp_lo)
-    mutual = tl.load(CompKey + base + target, mask=has_edge, other=NONE) == edge
+    else:  # (tl.gather: labels from registers, not memory)
+        comp_lo = tl.gather(comp, tl.where(has_edge, lo, 0), 0)
+        comp_hi = tl.gather(comp, tl.where(has_edge, hi, 0), 0)
+    target = tl.where(has_edge, tl.where(comp_lo == v, comp_hi, comp_lo), 0)
+    mutual = tl.gather(chosen, target, 0) == edge
     hooks = has_edge & ~(mutual & (v < target))
     records = has_edge & ~(mutual & (v > target))
     at = count + tl.cumsum(records.to(tl.int32), 0) - 1
@@ -313,18 +324,14 @@ def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, Ed
     tl.store(EdgeLo + base + at, lo, mask=records)
     tl.store(EdgeHi + base + at, hi, mask=records)
     tl.store(EdgeLen + base + at, edge_len, mask=records)
-    tl.debug_barrier()
     tl.store(Count + lane, count + tl.sum(records.to(tl.int32), 0))
-    # -- pointer jumping: roots point across their hook (or to themselves), other blocks to their root;
-    # until no label changes (at most JUMPS times: hooks form trees whose roots point to themselves)
-    jump = tl.where(hooks, target, comp)
+    # -- pointer jumping in registers: roots point across their hook (or to themselves), other blocks to
+    # their root; until no label changes (at most JUMPS times: hooks form trees whose roots point to themselves)
+    jump = tl.where(inside, tl.where(hooks, target, comp), 0)
     moving = True
     jumps = 0
     while moving & (jumps < JUMPS):
-        tl.store(Jump + base + v, jump, mask=inside)
-        tl.debug_barrier()
-        after = tl.load(Jump + base + jump, mask=inside, other=0)
-        tl.debug_barrier()
+        after = tl.gather(jump, jump, 0)
         moving = tl.max((after != jump).to(tl.int32), 0) > 0
         jump = after
         jumps += 1
@@ -479,10 +486,15 @@ of programs for each pass (on the H200 the grid was faster from 128 blocks; at 5
 passes took 0.26 ms, the grid's 0.04 ms)."""
 
 
-HOOKS_IN_SEARCH = False
-"""Whether each Boruvka round's hooks run in the last of its search programs to finish (one launch per round)
-or in a launch of their own after the search (two per round). Off: on the H200 the fused rounds left the
-shared 32k build as it was (0.204 vs 0.199 ms) and doubled the per-lane one (1.27 vs 0.59 ms; NOTES.md v8)."""
+HOOKS_IN_SEARCH_MAX_LANES = 1
+"""Builds of up to this many lanes run each Boruvka round's hooks in the last of its search programs to
+finish (one launch per round, the search on as many warps as the hooks); more lanes get the hooks in a
+launch of their own after the search (two per round). On the H200 (NOTES.md v8) the fused rounds doubled
+the per-lane 32k build (0.59 -> 1.27 ms): each lane's hooks waited for its slowest search program."""
+
+FIRST_HOOKS_IN_DISTANCES = False
+"""With fused rounds, whether the distance kernel's last program also runs the first round's hooks (on the
+distance kernel's 4 warps) instead of a hook launch of their own."""
 
 
 class _Forest(NamedTuple):
@@ -541,17 +553,20 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     bits = torch.int64 if centroids.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
     forest = _Forest(comp, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, arrived)
-    fused = HOOKS_IN_SEARCH
-    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite, forest=forest if fused else None)
+    fused = lanes <= HOOKS_IN_SEARCH_MAX_LANES
+    first_fused = fused and FIRST_HOOKS_IN_DISTANCES
+    dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite,
+                     forest=forest if first_fused else None)
     sizes = _hook_sizes(n, tiles)
+    hook_warps = _hook_warps(sizes["HOOK_BLOCK"])
     for round in range(log_n):
         if round:  # (the distance kernel did the first round's search)
             _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
                                                  dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused, **sizes,
-                                                 num_warps=4)
-        if not fused:
+                                                 num_warps=hook_warps if fused else 4)
+        if not fused or (round == 0 and not first_fused):
             _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:8], n, tiles, **sizes, FIRST=round == 0,
-                                   num_warps=_hook_warps(sizes["HOOK_BLOCK"]))
+                                   num_warps=hook_warps)
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 

@@ -42,7 +42,7 @@ from .prim_order import prim_order_parallel
 
 
 @triton.jit
-def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
                      Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
                      HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
@@ -86,7 +86,7 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, Jump,
             _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
             # -- and, in the lane's last program to finish, the first round's hooks
             if HOOKS:
-                _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi,
+                _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi,
                                  EdgeLen, Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, True)
 
 
@@ -147,7 +147,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     grid = (tiles, tiles, lanes)
     plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
     hooks = forest is not None and minima is not None
-    state = forest.pointers(0) if hooks else (dist,) * 9  # (unused without hooks)
+    state = forest.pointers(0) if hooks else (dist,) * 8  # (unused without hooks)
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
@@ -214,7 +214,7 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 
 
 @triton.jit
-def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, n,
+def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, n,
                   slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOKS: tl.constexpr,
                   HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr):
     # -- a Boruvka round after the first. Per upper-triangle tile, each block's lightest edge to another
@@ -233,22 +233,22 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeH
         _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
         # -- then, in the lane's last program to finish, the hooks
         if HOOKS:
-            _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen,
+            _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen,
                              Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, False)
 
 
 @triton.jit
-def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
+def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
     # -- the hooks in a launch of their own (see HOOKS_IN_SEARCH_MAX_LANES), one program per lane
     lane = tl.program_id(0).to(tl.int64)
     if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
-        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
                HOOK_BLOCK, SLOTS, JUMPS, FIRST)
 
 
 @triton.jit
-def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
                      Arrived, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr,
                      FIRST: tl.constexpr):
     """Counts a search program's arrival in ``Arrived[lane]``; the lane's last one runs :func:`_hooks`. (The
@@ -259,12 +259,12 @@ def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, 
     ticket = tl.atomic_add(Arrived + lane, 1, sem="acq_rel", scope="gpu")
     if ticket == arrivals - 1:
         tl.debug_barrier()
-        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
                HOOK_BLOCK, SLOTS, JUMPS, FIRST)
 
 
 @triton.jit
-def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, Jump, EdgeLo, EdgeHi, EdgeLen, Count,
+def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
            BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
     """Boruvka, part 2, for one lane whose tree is not complete: each component takes its lightest outgoing
     edge and hooks onto the component across it; labels then follow the hooks to the new roots."""
@@ -499,15 +499,13 @@ distance kernel's 4 warps) instead of a hook launch of their own."""
 
 class _Forest(NamedTuple):
     """Boruvka's state for ``L`` lanes of ``n`` blocks (int32 ``[L * n]`` unless noted): component labels,
-    each component's lightest edge (its length's bits, int64 or int32, and its pair), pointer-jumping
-    scratch, the tree edges found so far (``lo``, ``hi``, ``length`` in the distances' dtype), the count of
+    each component's lightest edge (its length's bits, int64 or int32, and its pair), the tree edges found so far (``lo``, ``hi``, ``length`` in the distances' dtype), the count of
     edges per lane (``[L]``) and, per round, how many of a lane's search programs have finished
     (``[rounds, L]``, zeroed)."""
 
     comp: torch.Tensor
     comp_bits: torch.Tensor
     comp_key: torch.Tensor
-    jump: torch.Tensor
     edge_lo: torch.Tensor
     edge_hi: torch.Tensor
     edge_len: torch.Tensor
@@ -516,7 +514,7 @@ class _Forest(NamedTuple):
 
     def pointers(self, round: int) -> tuple[torch.Tensor, ...]:
         """The kernel arguments for one round (its row of ``arrived``)."""
-        return (*self[:8], self.arrived[round])
+        return (*self[:7], self.arrived[round])
 
 
 def _hook_sizes(n: int, tiles: int) -> dict:
@@ -548,11 +546,11 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     edge_lo, edge_hi, by_rank = zeroed[:3 * lanes * n].view(3, lanes * n).unbind(0)
     count = zeroed[3 * lanes * n:3 * lanes * n + lanes]
     arrived = zeroed[3 * lanes * n + lanes:].view(log_n, lanes)
-    comp, comp_key, jump = torch.empty(3, lanes * n, dtype=torch.int32, device=device).unbind(0)
+    comp, comp_key = torch.empty(2, lanes * n, dtype=torch.int32, device=device).unbind(0)
     edge_len = torch.empty(lanes * n, dtype=centroids.dtype, device=device)
     bits = torch.int64 if centroids.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
-    forest = _Forest(comp, comp_bits, comp_key, jump, edge_lo, edge_hi, edge_len, count, arrived)
+    forest = _Forest(comp, comp_bits, comp_key, edge_lo, edge_hi, edge_len, count, arrived)
     fused = lanes <= HOOKS_IN_SEARCH_MAX_LANES
     first_fused = fused and FIRST_HOOKS_IN_DISTANCES
     dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite,
@@ -565,7 +563,7 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
                                                  dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused, **sizes,
                                                  num_warps=hook_warps if fused else 4)
         if not fused or (round == 0 and not first_fused):
-            _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:8], n, tiles, **sizes, FIRST=round == 0,
+            _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:7], n, tiles, **sizes, FIRST=round == 0,
                                    num_warps=hook_warps)
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)

@@ -260,13 +260,16 @@ def test_more_blocks_than_the_kernels_take_use_the_cpu_path():
     assert torch.equal(got.cpu(), _cpu_salience(centroids))
 
 
-def test_distances_are_exact_differences(device):
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_distances_are_exact_differences(lanes, device):
     """The distance kernel: symmetric bit for bit, zero on the diagonal and between duplicates, equal to the
-    difference formula up to the rounding of the sum."""
-    from topo_attn.kernels.salience import distances
+    difference formula up to the rounding of the sum. (One lane takes 4 features per step, more lanes 2: 19
+    features leave a partial last step for both.)"""
+    from topo_attn.kernels.salience import _distance_unroll, distances
 
+    assert 19 % _distance_unroll(lanes) != 0
     gen = torch.Generator().manual_seed(2)
-    centroids = torch.randn(2, 45, 19, generator=gen, dtype=torch.float64)
+    centroids = torch.randn(lanes, 45, 19, generator=gen, dtype=torch.float64)
     centroids[:, 7] = centroids[:, 30]  # duplicates
     dist = distances(centroids.to(device)).cpu()
     assert torch.equal(dist, dist.mT)

@@ -7,10 +7,11 @@ shared schedule's single lane), with no host round trip and no Python loop over 
    ``t`` and the key of its tree edge. Two ways, picked by :func:`choose_mst`:
 
    - ``_salience_kernel``: Prim over all pairs, one program per lane, one distance row read per step;
-   - Boruvka rounds, one launch each (``_round_kernel``, the first one fused into ``_distance_kernel``): a
-     grid over upper-triangle tiles finds each block's lightest edge to another component; the last of a
-     lane's programs to finish then takes each component's lightest edge, hooks and jumps pointers
-     (``_hooks``). ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
+   - Boruvka rounds (``_round_kernel``; the first round's search fused into ``_distance_kernel``): a grid
+     over upper-triangle tiles finds each block's lightest edge to another component; then each component
+     takes its lightest edge, hooks and jumps pointers (``_hooks``), in a launch of its own
+     (``_hook_kernel``) or, for a single lane, in the last of the lane's search programs to finish
+     (:data:`HOOKS_IN_SEARCH_MAX_LANES`). ``ceil(log2(n))`` rounds in parallel over the whole matrix; then ``_edge_rank_kernel`` ranks the
      ``n - 1`` tree edges and Prim's order over them alone (Prim over the tree takes the same edges in the
      same order) comes from :mod:`.prim_order` (Euler tours and binary lifting, ``O(log n)`` rounds) or,
      above :data:`PARALLEL_ORDER_MAX_BLOCKS` blocks, from ``_tree_prim_kernel``: one integer minimum over
@@ -489,12 +490,14 @@ passes took 0.26 ms, the grid's 0.04 ms)."""
 HOOKS_IN_SEARCH_MAX_LANES = 1
 """Builds of up to this many lanes run each Boruvka round's hooks in the last of its search programs to
 finish (one launch per round, the search on as many warps as the hooks); more lanes get the hooks in a
-launch of their own after the search (two per round). On the H200 (NOTES.md v8) the fused rounds doubled
+launch of their own after the search (two per round). On the H200 fused rounds took one lane's graph from
+117.8 to 115.7 us at 512 blocks and from 102.3 to 95 at 256 (NOTES.md v9); in v8 they doubled
 the per-lane 32k build (0.59 -> 1.27 ms): each lane's hooks waited for its slowest search program."""
 
 FIRST_HOOKS_IN_DISTANCES = False
 """With fused rounds, whether the distance kernel's last program also runs the first round's hooks (on the
-distance kernel's 4 warps) instead of a hook launch of their own."""
+distance kernel's 4 warps) instead of a hook launch of their own (H200, shared 32k build: the graph's GPU
+time 115.7 us with the launch, 123.3 without; NOTES.md v9)."""
 
 
 class _Forest(NamedTuple):

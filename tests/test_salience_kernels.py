@@ -242,6 +242,41 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, key
         ta.topology_schedule(bad, 64, 1, 1, 6, dtype=dtype)
 
 
+def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:
+    """Keys ``[1, lanes, blocks * block_size, dim]`` whose block centroids lie on a line with the gap
+    ``1 + v`` between blocks ``i`` and ``i + 1``, ``v`` the number of times 2 divides ``i + 1``: each Boruvka
+    round only merges neighbouring components in pairs, so the tree needs all ``ceil(log2(blocks))`` rounds.
+    Small integers (scaled per lane), so centroids and distances are exact in float32 too."""
+    i = torch.arange(1, blocks)
+    gaps = 1 + (i & -i).log2().long()
+    line = torch.cat([torch.zeros(1, dtype=torch.long), gaps.cumsum(0)]).double()
+    keys = torch.zeros(1, lanes, blocks * block_size, dim, dtype=torch.float64)
+    keys[..., 0] = line.repeat_interleave(block_size) * torch.arange(1, lanes + 1).double()[:, None]
+    keys[..., 1] = 3.0
+    return keys
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("skip_from", [2, None])
+@pytest.mark.parametrize("lanes, blocks", [(1, 512), (8, 300)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, monkeypatch):
+    """One cached graph replayed for random keys (a few Boruvka rounds do work) and for ruler keys (every
+    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) are decided
+    at each replay, so every build equals the CPU schedule."""
+    from topo_attn.kernels import build, salience
+
+    monkeypatch.setattr(salience, "SKIP_ROUNDS_FROM", skip_from)
+    gen = torch.Generator().manual_seed(blocks)
+    random = torch.randn(1, lanes, blocks * 64, 32, generator=gen, dtype=torch.float64)
+    build.clear_graphs()
+    for keys in (random, _ruler_keys(lanes, blocks, 64, 32), -random):
+        got = ta.topology_schedule(keys.cuda().float(), 64, 1, 1, 8, dtype=dtype)
+        want = ta.topology_schedule(keys.float(), 64, 1, 1, 8)
+        assert torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
+    assert len(build._graphs) == 1
+
+
 @pytest.mark.cuda
 def test_gpu_salience_at_the_largest_size():
     gen = torch.Generator().manual_seed(5)

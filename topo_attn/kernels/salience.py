@@ -32,6 +32,7 @@ Prim keeps its per-block state in registers, ``BLOCK = next_power_of_2(n)`` wide
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -44,7 +45,7 @@ from .prim_order import prim_order_parallel
 
 @triton.jit
 def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
-                     Arrived, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
+                     Arrived, Pending, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
                      HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
                      JUMPS: tl.constexpr, UNROLL: tl.constexpr):
@@ -88,7 +89,7 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeL
             # -- and, in the lane's last program to finish, the first round's hooks
             if HOOKS:
                 _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi,
-                                 EdgeLen, Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, True)
+                                 EdgeLen, Count, Arrived, Pending, HOOK_BLOCK, SLOTS, JUMPS, True)
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     grid = (tiles, tiles, lanes)
     plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
     hooks = forest is not None and minima is not None
-    state = forest.pointers(0) if hooks else (dist,) * 8  # (unused without hooks)
+    state = forest.pointers(0) if hooks else (dist,) * 9  # (unused without hooks)
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
@@ -215,7 +216,7 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 
 
 @triton.jit
-def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, n,
+def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, Pending, n,
                   slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOKS: tl.constexpr,
                   HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr):
     # -- a Boruvka round after the first. Per upper-triangle tile, each block's lightest edge to another
@@ -235,22 +236,22 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, Edg
         # -- then, in the lane's last program to finish, the hooks
         if HOOKS:
             _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen,
-                             Count, Arrived, HOOK_BLOCK, SLOTS, JUMPS, False)
+                             Count, Arrived, Pending, HOOK_BLOCK, SLOTS, JUMPS, False)
 
 
 @triton.jit
-def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, n, slots,
+def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending, n, slots,
                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
     # -- the hooks in a launch of their own (see HOOKS_IN_SEARCH_MAX_LANES), one program per lane
     lane = tl.program_id(0).to(tl.int64)
     if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
-        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending,
                HOOK_BLOCK, SLOTS, JUMPS, FIRST)
 
 
 @triton.jit
 def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
-                     Arrived, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr,
+                     Arrived, Pending, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr,
                      FIRST: tl.constexpr):
     """Counts a search program's arrival in ``Arrived[lane]``; the lane's last one runs :func:`_hooks`. (The
     barrier and the release/acquire of the count order every program's partial minima before the hooks read
@@ -260,15 +261,16 @@ def _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo
     ticket = tl.atomic_add(Arrived + lane, 1, sem="acq_rel", scope="gpu")
     if ticket == arrivals - 1:
         tl.debug_barrier()
-        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
+        _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending,
                HOOK_BLOCK, SLOTS, JUMPS, FIRST)
 
 
 @triton.jit
-def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count,
+def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending,
            BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
     """Boruvka, part 2, for one lane whose tree is not complete: each component takes its lightest outgoing
-    edge and hooks onto the component across it; labels then follow the hooks to the new roots."""
+    edge and hooks onto the component across it; labels then follow the hooks to the new roots. ``Pending``
+    (the round's int32 flag, zeroed) is set to 1 if the lane's tree is still not complete."""
     count = tl.load(Count + lane)
     base = lane * n
     v = tl.arange(0, BLOCK)
@@ -325,7 +327,9 @@ def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, 
     tl.store(EdgeLo + base + at, lo, mask=records)
     tl.store(EdgeHi + base + at, hi, mask=records)
     tl.store(EdgeLen + base + at, edge_len, mask=records)
-    tl.store(Count + lane, count + tl.sum(records.to(tl.int32), 0))
+    count += tl.sum(records.to(tl.int32), 0)
+    tl.store(Count + lane, count)
+    tl.atomic_max(Pending, (count < n - 1).to(tl.int32))  # (another round is needed: see SKIP_ROUNDS_FROM)
     # -- pointer jumping in registers: roots point across their hook (or to themselves), other blocks to
     # their root; until no label changes (at most JUMPS times: hooks form trees whose roots point to themselves)
     jump = tl.where(inside, tl.where(hooks, target, comp), 0)
@@ -500,11 +504,41 @@ distance kernel's 4 warps) instead of a hook launch of their own (H200, shared 3
 time 115.7 us with the launch, 123.3 without; NOTES.md v9)."""
 
 
+SKIP_ROUNDS_FROM: int | None = 2
+"""Inside a CUDA graph, the Boruvka rounds after the round of this index (0: the first) each run under a
+conditional node of the graph, nested, so that they are skipped once every lane's tree is complete (each
+round's hooks set a flag when it is not). Rounds halve the components at least, so ``ceil(log2 n)`` are
+launched; on random keys at 512 blocks only three do work, on real keys three to five (NOTES.md v9). None:
+every round is launched (their programs return at once when the tree is complete). Needs a PyTorch with
+``CUDAGraph.begin_capture_to_if_node`` (CUDA 12.4 or newer); outside a graph capture it has no effect."""
+
+
+def _skip_rounds_from(centroids: torch.Tensor) -> int | None:
+    """:data:`SKIP_ROUNDS_FROM` while a CUDA graph is being captured on the current stream, else None."""
+    if SKIP_ROUNDS_FROM is None or not centroids.is_cuda:
+        return None
+    if not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        return None
+    return SKIP_ROUNDS_FROM if torch.cuda.is_current_stream_capturing() else None
+
+
+@contextlib.contextmanager
+def _only_if(flag: torch.Tensor):
+    """Capture what runs inside into a conditional node of the graph being captured: it runs at replay only
+    if the 0-dim bool CUDA tensor ``flag`` is true then."""
+    graph = torch.cuda.CUDAGraph.get_currently_capturing_graph()
+    graph.begin_capture_to_if_node(flag)
+    try:
+        yield
+    finally:
+        graph.end_capture_to_conditional_node()
+
+
 class _Forest(NamedTuple):
     """Boruvka's state for ``L`` lanes of ``n`` blocks (int32 ``[L * n]`` unless noted): component labels,
     each component's lightest edge (its length's bits, int64 or int32, and its pair), the tree edges found so far (``lo``, ``hi``, ``length`` in the distances' dtype), the count of
-    edges per lane (``[L]``) and, per round, how many of a lane's search programs have finished
-    (``[rounds, L]``, zeroed)."""
+    edges per lane (``[L]``), per round how many of a lane's search programs have finished (``[rounds, L]``,
+    zeroed) and whether any lane's tree is still not complete after it (``[rounds]``, zeroed)."""
 
     comp: torch.Tensor
     comp_bits: torch.Tensor
@@ -514,10 +548,11 @@ class _Forest(NamedTuple):
     edge_len: torch.Tensor
     count: torch.Tensor
     arrived: torch.Tensor
+    pending: torch.Tensor
 
     def pointers(self, round: int) -> tuple[torch.Tensor, ...]:
-        """The kernel arguments for one round (its row of ``arrived``)."""
-        return (*self[:7], self.arrived[round])
+        """The kernel arguments for one round (its row of ``arrived``, its entry of ``pending``)."""
+        return (*self[:7], self.arrived[round], self.pending[round:round + 1])
 
 
 def _hook_sizes(n: int, tiles: int) -> dict:
@@ -545,29 +580,35 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     pkey = torch.empty(lanes, n, tiles, dtype=torch.int32, device=device)
     # one zeroed buffer: with NaN distances the tree may not span, and the unfilled edge slots must still
     # index blocks; the counts of recorded edges and of arrivals start at 0
-    zeroed = torch.zeros(3 * lanes * n + lanes + log_n * lanes, dtype=torch.int32, device=device)
+    zeroed = torch.zeros(3 * lanes * n + lanes + log_n * lanes + log_n, dtype=torch.int32, device=device)
     edge_lo, edge_hi, by_rank = zeroed[:3 * lanes * n].view(3, lanes * n).unbind(0)
     count = zeroed[3 * lanes * n:3 * lanes * n + lanes]
-    arrived = zeroed[3 * lanes * n + lanes:].view(log_n, lanes)
+    arrived = zeroed[3 * lanes * n + lanes:-log_n].view(log_n, lanes)
+    pending = zeroed[-log_n:]
     comp, comp_key = torch.empty(2, lanes * n, dtype=torch.int32, device=device).unbind(0)
     edge_len = torch.empty(lanes * n, dtype=centroids.dtype, device=device)
     bits = torch.int64 if centroids.dtype == torch.float64 else torch.int32
     comp_bits = torch.empty(lanes * n, dtype=bits, device=device)
-    forest = _Forest(comp, comp_bits, comp_key, edge_lo, edge_hi, edge_len, count, arrived)
+    forest = _Forest(comp, comp_bits, comp_key, edge_lo, edge_hi, edge_len, count, arrived, pending)
     fused = lanes <= HOOKS_IN_SEARCH_MAX_LANES
     first_fused = fused and FIRST_HOOKS_IN_DISTANCES
     dist = distances(centroids, mirror=False, minima=(plen, pkey), finite=finite,
                      forest=forest if first_fused else None)
     sizes = _hook_sizes(n, tiles)
     hook_warps = _hook_warps(sizes["HOOK_BLOCK"])
-    for round in range(log_n):
-        if round:  # (the distance kernel did the first round's search)
-            _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
-                                                 dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused, **sizes,
-                                                 num_warps=hook_warps if fused else 4)
-        if not fused or (round == 0 and not first_fused):
-            _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:7], n, tiles, **sizes, FIRST=round == 0,
-                                   num_warps=hook_warps)
+    skip = _skip_rounds_from(centroids)
+    with contextlib.ExitStack() as later_rounds:
+        for round in range(log_n):
+            if round:  # (the distance kernel did the first round's search)
+                _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
+                                                     dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused,
+                                                     **sizes, num_warps=hook_warps if fused else 4)
+            if not fused or (round == 0 and not first_fused):
+                _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:7], pending[round:round + 1], n, tiles,
+                                       **sizes, FIRST=round == 0, num_warps=hook_warps)
+            # -- in a CUDA graph, the rounds after this one only run while some lane's tree is not complete
+            if skip is not None and skip <= round < log_n - 1:
+                later_rounds.enter_context(_only_if(pending.view(torch.bool)[4 * round]))
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
 

@@ -100,7 +100,7 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
     gen = torch.Generator().manual_seed(n * dim + lanes)
     centroids = torch.randint(0, 6, (lanes, n, dim), generator=gen).double() if ties else \
         torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
-    lo, hi, length, by_rank = sk._boruvka(centroids.to(device))
+    lo, hi, length, by_rank, _ = sk._boruvka(centroids.to(device))
     block = triton.next_power_of_2(n)
     sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block))
     outputs = []
@@ -245,7 +245,8 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, key
 def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:
     """Keys ``[1, lanes, blocks * block_size, dim]`` whose block centroids lie on a line with the gap
     ``1 + v`` between blocks ``i`` and ``i + 1``, ``v`` the number of times 2 divides ``i + 1``: each Boruvka
-    round only merges neighbouring components in pairs, so the tree needs all ``ceil(log2(blocks))`` rounds.
+    round only merges neighbouring components in pairs, so the tree needs all ``log2(blocks)`` rounds for a
+    power of two (300 blocks: 8 of 9).
     Small integers (scaled per lane), so centroids and distances are exact in float32 too."""
     i = torch.arange(1, blocks)
     gaps = 1 + (i & -i).log2().long()
@@ -254,6 +255,23 @@ def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Ten
     keys[..., 0] = line.repeat_interleave(block_size) * torch.arange(1, lanes + 1).double()[:, None]
     keys[..., 1] = 3.0
     return keys
+
+
+@pytest.mark.parametrize("blocks", [16, 64])
+def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, device):
+    """Ruler centroids of 2^k blocks need every Boruvka round: the flag of each round but the last is set; in a second lane
+    of random centroids (a few rounds suffice) the flags stay those of the ruler lane. A single lane of
+    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0."""
+    from topo_attn.kernels import salience as sk
+
+    ruler = ta.block_centroids(_ruler_keys(1, blocks, 1, 3)[0, 0], 1, torch.float64)
+    random = torch.randn(blocks, 3, generator=torch.Generator().manual_seed(blocks), dtype=torch.float64)
+    rounds = (blocks - 1).bit_length()
+    flags = sk._boruvka(torch.stack([ruler, random]).to(device))[4].tolist()
+    assert flags == [1] * (rounds - 1) + [0]
+    flags = sk._boruvka(random[None].to(device))[4].tolist()
+    done = flags.index(0)
+    assert 1 <= done < rounds - 1 and flags[done:] == [0] * (rounds - done)
 
 
 @pytest.mark.cuda

@@ -563,10 +563,11 @@ def _hook_sizes(n: int, tiles: int) -> dict:
 
 
 def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Minimum spanning trees of centroids ``[L, n, D]`` under the strict order ``(distance, i, j)`` by
     Boruvka rounds: ``(lo, hi, length)``, each ``[L, n]`` with the ``n - 1`` tree edges (``lo < hi``) of
-    each lane first, in no particular order, and a zeroed int32 ``[L, n]`` buffer (for the edge ranks).
+    each lane first, in no particular order, a zeroed int32 ``[L, n]`` buffer (for the edge ranks) and the
+    rounds' flags (int32 ``[ceil(log2(n))]``: 1 where some lane's tree was still not complete after the round).
     Only the upper-triangle tiles of the distances are written; the distance kernel also does the first
     round's search and hooks (and writes ``finite``, see :func:`distances`). ``ceil(log2(n))`` rounds of one
     launch each (components at least halve each round; the programs of a lane whose tree is complete return
@@ -610,7 +611,7 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
             if skip is not None and skip <= round < log_n - 1:
                 later_rounds.enter_context(_only_if(pending.view(torch.bool)[4 * round]))
     view = lambda x: x.view(lanes, n)  # noqa: E731
-    return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)
+    return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank), pending
 
 
 PARALLEL_ORDER_MAX_BLOCKS = 2048
@@ -685,7 +686,7 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
     if parallel_order is None:  # (the walk keeps the elder passes in its program for small trees)
         parallel_order = n <= PARALLEL_ORDER_MAX_BLOCKS and not in_program
     if mst == "boruvka":
-        edge_lo, edge_hi, edge_len, by_rank = _boruvka(centroids, finite)
+        edge_lo, edge_hi, edge_len, by_rank, _ = _boruvka(centroids, finite)
         _edge_rank_kernel[(triton.cdiv(n, RANK_ROWS), lanes)](edge_lo, edge_hi, edge_len, by_rank, n,
                                                               ROWS=RANK_ROWS, COLS=min(RANK_COLS, block),
                                                               num_warps=4)

@@ -284,6 +284,8 @@ def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, sk
     at each replay, so every build equals the CPU schedule."""
     from topo_attn.kernels import build, salience
 
+    if skip_from is not None and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
+        pytest.skip("this PyTorch has no conditional CUDA graph nodes")
     monkeypatch.setattr(salience, "SKIP_ROUNDS_FROM", skip_from)
     gen = torch.Generator().manual_seed(blocks)
     random = torch.randn(1, lanes, blocks * 64, 32, generator=gen, dtype=torch.float64)

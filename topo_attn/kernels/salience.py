@@ -504,13 +504,14 @@ distance kernel's 4 warps) instead of a hook launch of their own (H200, shared 3
 time 115.7 us with the launch, 123.3 without; NOTES.md v9)."""
 
 
-SKIP_ROUNDS_FROM: int | None = 2
-"""Inside a CUDA graph, the Boruvka rounds after the round of this index (0: the first) each run under a
+SKIP_ROUNDS_FROM: int | None = None
+"""Inside a CUDA graph, run the Boruvka rounds after the round of this index (0: the first) each under a
 conditional node of the graph, nested, so that they are skipped once every lane's tree is complete (each
-round's hooks set a flag when it is not). Rounds halve the components at least, so ``ceil(log2 n)`` are
-launched; on random keys at 512 blocks only three do work, on real keys three to five (NOTES.md v9). None:
-every round is launched (their programs return at once when the tree is complete). Needs a PyTorch with
-``CUDAGraph.begin_capture_to_if_node`` (CUDA 12.4 or newer); outside a graph capture it has no effect."""
+round's hooks set a flag when it is not). ``ceil(log2 n)`` rounds are launched; on random keys at 512 blocks
+only three do work, on real keys three to five, and an empty round costs the graph about 1.6 us for one
+lane, 7 us for 32 (H200, NOTES.md v10). Needs a PyTorch with ``CUDAGraph.begin_capture_to_if_node``; the
+H200's torch 2.11 has none, so this has not run on a GPU yet: off (None) until it has. Outside a graph
+capture it has no effect."""
 
 
 def _skip_rounds_from(centroids: torch.Tensor) -> int | None:

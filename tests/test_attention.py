@@ -198,13 +198,15 @@ def test_tolerances_follow_dtype():
 
 
 def test_reference_rows_equal_the_full_reference():
-    """``dense_masked_attention(rows=...)`` (used to check long sequences on a sample) equals the full one."""
+    """``dense_masked_attention(rows=...)`` (used to check long sequences on a sample) equals the full one, up
+    to the last bit of float64 (BLAS may block a product over fewer rows differently: 1e-16 on AMD EPYC)."""
     gen = torch.Generator().manual_seed(21)
     q, k, v = (torch.randn(1, 2, 300, 16, generator=gen, dtype=torch.float64) for _ in range(3))
     schedule = _random_schedule(gen, 300, 32, lanes=(1, 2))
     full, full_lse = ta.dense_masked_attention(q, k, v, schedule, return_lse=True)
     part, part_lse = ta.dense_masked_attention(q, k, v, schedule, return_lse=True, rows=slice(170, 300))
-    assert torch.equal(part, full[..., 170:, :]) and torch.equal(part_lse, full_lse[..., 170:])
+    torch.testing.assert_close(part, full[..., 170:, :], rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(part_lse, full_lse[..., 170:], rtol=1e-14, atol=1e-15)
     assert torch.equal(schedule.to_token_mask(slice(5, 40)), schedule.to_token_mask()[..., 5:40, :])
 
 

@@ -65,6 +65,19 @@ def test_strided_keys(view, device):
     assert torch.equal(got, _reference(keys.contiguous(), 48))
 
 
+@pytest.mark.parametrize("view", ["contiguous", "slice"])
+def test_keys_read_through_their_address(view, device):
+    """With ``keys_at`` the kernel reads the keys at the address it holds, not those passed (which only give
+    dtype, shape and strides): what a CUDA graph replayed for keys that move relies on."""
+    gen = torch.Generator().manual_seed(5)
+    stored = [torch.randn(4, 260, 96, generator=gen).to(torch.bfloat16).to(device) for _ in range(2)]
+    shown, read = (s if view == "contiguous" else s[1:, 3:250, ::2] for s in stored)
+    keys_at = torch.tensor([read.data_ptr()], dtype=torch.int64)
+    keys_at = keys_at.pin_memory() if read.is_cuda else keys_at
+    got = block_centroids_kernel(shown, 32, torch.float64, keys_at=keys_at).cpu()
+    assert torch.equal(got, _reference(read, 32)) and not torch.equal(got, _reference(shown, 32))
+
+
 def test_kernel_rejects_other_result_dtypes():
     with pytest.raises(TypeError, match="dtype must be"):
         block_centroids_kernel(torch.zeros(1, 4, 8), 2, torch.float16)

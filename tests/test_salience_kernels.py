@@ -210,29 +210,35 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("keys_in_graph", [True, False])
+@pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, keys_in_graph, monkeypatch):
-    """Three builds of one shape replay one cached graph: each equals the CPU schedule for its own keys, the
-    first is unchanged by the later replays, and the launch-by-launch build gives the same rows. 8 lanes of
-    300 blocks: the lanes are split into groups on parallel streams. The keys copied into the graph or their
-    centroids computed before the replay."""
+def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided):
+    """Three builds of one shape replay one cached graph that reads each build's keys in place: each equals
+    the CPU schedule for its own keys, the first is unchanged by the later replays, keys changed in place
+    give their new schedule, and the launch-by-launch build gives the same rows. 8 lanes of 300 blocks: the
+    lanes are split into groups on parallel streams. Contiguous keys and keys with other strides."""
     from topo_attn.kernels import build
 
-    monkeypatch.setattr(build, "KEYS_IN_GRAPH_MAX_BYTES", 2**30 if keys_in_graph else 0)
     gen = torch.Generator().manual_seed(11)
     keys = [torch.randn(2, heads, 64 * blocks, 32, generator=gen) for _ in range(3)]
+    if strided:  # [B, H, S, D] views of [S, B, H, D] tensors
+        keys = [k.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for k in keys]
     assert build._lane_groups(2 * heads, blocks, dtype) == (1 if blocks < build.GROUP_MIN_BLOCKS else build.LANE_GROUPS)
     build.clear_graphs()
-    got = [ta.topology_schedule(k.cuda(), 64, 1, 1, 6, dtype=dtype) for k in keys]
+    on_gpu = [k.cuda() for k in keys]
+    got = [ta.topology_schedule(k, 64, 1, 1, 6, dtype=dtype) for k in on_gpu]
     assert len(build._graphs) == 1
     for k, schedule in zip(keys, got):
         want = ta.topology_schedule(k, 64, 1, 1, 6)
         assert torch.equal(schedule.offsets.cpu(), want.offsets) and torch.equal(schedule.indices.cpu(), want.indices)
+    on_gpu[1].copy_(keys[2].flip(2))
+    want = ta.topology_schedule(keys[2].flip(2), 64, 1, 1, 6)
+    again = ta.topology_schedule(on_gpu[1], 64, 1, 1, 6, dtype=dtype)
+    assert torch.equal(again.offsets.cpu(), want.offsets) and torch.equal(again.indices.cpu(), want.indices)
     build.USE_GRAPHS = False
     try:
-        eager = ta.topology_schedule(keys[0].cuda(), 64, 1, 1, 6, dtype=dtype)
+        eager = ta.topology_schedule(on_gpu[0], 64, 1, 1, 6, dtype=dtype)
     finally:
         build.USE_GRAPHS = True
     assert torch.equal(eager.offsets, got[0].offsets) and torch.equal(eager.indices, got[0].indices)
@@ -240,6 +246,7 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, key
     bad[1, 2, 100, 0] = float("inf")
     with pytest.raises(ValueError, match="keys contains NaN or Inf"):
         ta.topology_schedule(bad, 64, 1, 1, 6, dtype=dtype)
+    assert len(build._graphs) == 1
 
 
 def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:
@@ -257,12 +264,16 @@ def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Ten
     return keys
 
 
+@pytest.mark.parametrize("finish_after", [1, None])
 @pytest.mark.parametrize("blocks", [16, 64])
-def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, device):
+def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, finish_after, device, monkeypatch):
     """Ruler centroids of 2^k blocks need every Boruvka round: the flag of each round but the last is set; in a second lane
     of random centroids (a few rounds suffice) the flags stay those of the ruler lane. A single lane of
-    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0."""
+    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0. The same
+    whether the rounds after the first run as grids or in the finisher."""
     from topo_attn.kernels import salience as sk
+
+    monkeypatch.setattr(sk, "FINISH_AFTER_ROUNDS", finish_after)
 
     ruler = ta.block_centroids(_ruler_keys(1, blocks, 1, 3)[0, 0], 1, torch.float64)
     random = torch.randn(blocks, 3, generator=torch.Generator().manual_seed(blocks), dtype=torch.float64)
@@ -274,19 +285,39 @@ def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, devic
     assert 1 <= done < rounds - 1 and flags[done:] == [0] * (rounds - done)
 
 
+@pytest.mark.parametrize("finish_after", [1, 3])
+def test_boruvka_finisher_completes_the_trees_the_grid_rounds_left(finish_after, device, monkeypatch):
+    """The rounds after ``FINISH_AFTER_ROUNDS`` run in one program per lane, over tiles of 128 x 128 whose
+    diagonal ones hold each pair on one side only. Ruler centroids of 150 blocks (7 rounds), random ones and
+    lattice-tied ones give the CPU path's saliences: three lanes (the hooks launched alone) and the ruler
+    lane alone (the hooks fused into the searches)."""
+    from topo_attn.kernels import salience as sk
+
+    monkeypatch.setattr(sk, "FINISH_AFTER_ROUNDS", finish_after)
+    gen = torch.Generator().manual_seed(150)
+    ruler = ta.block_centroids(_ruler_keys(1, 150, 1, 3)[0, 0], 1, torch.float64)
+    centroids = torch.stack([ruler, torch.randn(150, 3, generator=gen, dtype=torch.float64),
+                             torch.randint(0, 3, (150, 3), generator=gen).double()])
+    assert sk._boruvka(ruler[None].to(device))[4].tolist() == [1] * 6 + [0, 0]
+    _assert_cpu_saliences(salience_kernels(centroids.to(device), mst="boruvka").cpu(), centroids)
+    _assert_cpu_saliences(salience_kernels(ruler[None].to(device), mst="boruvka").cpu(), ruler[None])
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("skip_from", [2, None])
+@pytest.mark.parametrize("skip_from, finish_after", [(2, None), (None, None), (None, 3)])
 @pytest.mark.parametrize("lanes, blocks", [(1, 512), (8, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, monkeypatch):
+def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, finish_after, monkeypatch):
     """One cached graph replayed for random keys (a few Boruvka rounds do work) and for ruler keys (every
-    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) are decided
-    at each replay, so every build equals the CPU schedule."""
+    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) or leaves to
+    the finisher (``FINISH_AFTER_ROUNDS``) are decided at each replay, so every build equals the CPU
+    schedule."""
     from topo_attn.kernels import build, salience
 
     if skip_from is not None and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
         pytest.skip("this PyTorch has no conditional CUDA graph nodes")
     monkeypatch.setattr(salience, "SKIP_ROUNDS_FROM", skip_from)
+    monkeypatch.setattr(salience, "FINISH_AFTER_ROUNDS", finish_after)
     gen = torch.Generator().manual_seed(blocks)
     random = torch.randn(1, lanes, blocks * 64, 32, generator=gen, dtype=torch.float64)
     build.clear_graphs()

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), default="llm")
     parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these strings")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compilation is slow)")
+    parser.add_argument("--note", default=None, help="a note stored with the results (e.g. the commit measured)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
     args = parser.parse_args(argv)
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m topo_attn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   command=command.strip(), date=time.strftime("%Y-%m-%d"), rows=rows, table=table)
+    if args.note:
+        result["note"] = args.note
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     out = args.out or Path(__file__).resolve().parents[1] / "data" / "benchmarks" / f"{args.suite}_{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,13 +2,12 @@
 replayed from a CUDA graph.
 
 Stages, all on the keys' device: block centroids (:mod:`.centroids`), their finiteness flag, saliences
-(:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). Everything after the centroids is captured once
-per (device, stream, lanes, blocks, head dim, dtype, rule) and replayed: launched one by one from Python, its
-launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel runs before
-the replay and writes into the graph's input buffer, or, for keys up to :data:`KEYS_IN_GRAPH_MAX_BYTES`, the
-keys are copied into the graph and their centroids computed inside it. The rows
-are copied out of the graph's buffers, so a schedule never aliases them; the rows kernel writes the entry
-count and the finiteness flag to pinned host memory, read after the one host sync.
+(:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). All of them are captured once per (device,
+stream, keys' shape, strides and dtype, dtype, rule) and replayed: launched one by one from Python, the
+launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel reads the
+keys in place: their address is written to pinned host memory before each replay. The rows are copied out of
+the graph's buffers, so a schedule never aliases them; the rows kernel writes the entry count and the
+finiteness flag to pinned host memory, read after the one host sync.
 """
 
 from __future__ import annotations
@@ -77,46 +76,39 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
     return rule_launch(salience, topk, sinks, window, finite, status)
 
 
-KEYS_IN_GRAPH_MAX_BYTES = 16 * 2**20
-"""Keys up to this many bytes (one head of 64k bf16 tokens of dimension 128) are copied into a graph's input
-buffer and their centroids computed inside the graph: a copy launch instead of the centroid kernel's Triton
-launch, which costs more host time (H200, shared 32k build timed from the host: 0.205 instead of 0.224 ms;
-NOTES.md v8). Larger keys (per-lane builds) have the centroid kernel launched before the replay, writing into
-the graph's centroid buffer."""
-
-
 class _BuildGraph:
-    """The stages after the centroids (and, with ``keys`` given, the centroids of a copy of them), captured for
-    one shape and rule; its input is ``keys`` (then ``[L, S, D]``) or else ``centroids``."""
+    """Every stage, keys ``[L, S, D]`` to the rows buffer, captured for one shape, strides and rule. The
+    centroid kernel reads the keys' address from pinned host memory (``keys_at``) when the graph runs, so
+    the keys are read in place wherever they are: no copy into the graph, no launch outside it."""
 
-    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
-                 rule: tuple[int, int, int], keys: tuple[int, int, torch.dtype] | None = None):
+    def __init__(self, keys: torch.Tensor, block_size: int, dtype: torch.dtype, rule: tuple[int, int, int]):
+        lanes, seq, dim = keys.shape
+        n = triton.cdiv(seq, block_size)
+        device = keys.device
+        self.stream = torch.cuda.current_stream(device)  # (the graph's key holds this stream's handle)
         # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
         self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
-        self.keys = None
-        if keys is not None:
-            seq, block_size, keys_dtype = keys
-            self.keys = torch.zeros(lanes, seq, dim, dtype=keys_dtype, device=device)
+        # the keys' address and the status (entry count, finiteness flag), in pinned host memory that the
+        # kernels read and write directly; the host reads and writes them through numpy views (a microsecond)
+        self.keys_at = torch.tensor([keys.data_ptr()], dtype=torch.int64).pin_memory()
+        self.keys_at_numpy = self.keys_at.numpy()
+        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
+        self.status_numpy = self.status.numpy()
 
         def stages():
-            if self.keys is not None:
-                block_centroids_kernel(self.keys, block_size, dtype, out=self.centroids)
+            block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.keys_at)
             return _stages(self.centroids, *rule, status=self.status)
-
-        # the status (entry count, finiteness flag): written by the rows kernel straight to pinned host
-        # memory, which the host reads after the sync (no copy launched)
-        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
-        self.status_numpy = self.status.numpy()  # (read back through numpy: a microsecond, not tolist's ten)
 
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
+        side.wait_stream(self.stream)
         with torch.cuda.stream(side):
             stages()
-        torch.cuda.current_stream(device).wait_stream(side)
+        self.stream.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = stages()
+        self.stream.synchronize()
 
 
 def clear_graphs() -> None:
@@ -124,11 +116,11 @@ def clear_graphs() -> None:
     _graphs.clear()
 
 
-def _graph_for(key: tuple, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
-               rule: tuple[int, int, int], keys: tuple[int, int, torch.dtype] | None) -> _BuildGraph:
+def _graph_for(key: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dtype,
+               rule: tuple[int, int, int]) -> _BuildGraph:
     graph = _graphs.pop(key, None)
     if graph is None:
-        graph = _BuildGraph(lanes, n, dim, dtype, device, rule, keys)
+        graph = _BuildGraph(keys, block_size, dtype, rule)
     _graphs[key] = graph  # most recently used last
     while len(_graphs) > MAX_GRAPHS:
         _graphs.popitem(last=False)
@@ -145,25 +137,22 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
     scratch = lanes * n * n * torch.finfo(dtype).bits // 8
-    graphed = keys.is_cuda and USE_GRAPHS and scratch <= GRAPH_MAX_BYTES
-    if graphed:
-        device = keys.device
-        copied = (seq, block_size, keys.dtype) if keys.numel() * keys.element_size() <= KEYS_IN_GRAPH_MAX_BYTES else None
-        stream = torch.cuda.current_stream(device)  # (looked up once: about 5 us of host time each)
-        key = (device, stream.cuda_stream, lanes, n, dim, dtype, rule, copied)
-        graph = _graph_for(key, lanes, n, dim, dtype, device, rule, copied)
-        if copied:
-            graph.keys.copy_(keys)
-        else:
-            block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
+    if keys.is_cuda and USE_GRAPHS and scratch <= GRAPH_MAX_BYTES:
+        device = keys.get_device()
+        # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's 5-10 us)
+        key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
+               block_size, dtype, rule)
+        graph = _graph_for(key, keys, block_size, dtype, rule)
+        graph.keys_at_numpy[0] = keys.data_ptr()
         graph.graph.replay()
         # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the whole rows
-        # buffer, launched before the sync (so its host time overlaps the GPU's)
-        rows = graph.outputs[0].clone()
-        stream.synchronize()
-        total, finite = int(graph.status_numpy[0]), int(graph.status_numpy[1])
+        # buffer, launched before the sync (so its host time overlaps the GPU's), and its views
+        offsets, tail = split_rows(graph.outputs[0].clone(), lanes * n)
+        graph.stream.synchronize()
+        total, finite = graph.status_numpy.tolist()
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
+        offsets, tail = split_rows(rows, lanes * n)
         total, finite = status.tolist()
     raise_unless_finite("keys", bool(finite))
-    return split_rows(rows, lanes * n, total)
+    return offsets, tail[:total]

@@ -24,8 +24,10 @@ NUM_WARPS = 1
 
 
 @triton.jit
-def _centroid_kernel(Keys, Out, seq, dim, block_size, stride_kl, stride_ks, stride_kd, stride_ol, stride_on,
-                     stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _centroid_kernel(Keys, KeysAt, Out, seq, dim, block_size, stride_kl, stride_ks, stride_kd, stride_ol, stride_on,
+                     stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INDIRECT: tl.constexpr):
+    if INDIRECT:  # -- the keys' address read when the program runs (a CUDA graph replayed for moving keys)
+        Keys = tl.load(KeysAt).to(tl.pointer_type(Keys.dtype.element_ty))
     block = tl.program_id(0)
     lane = tl.program_id(1).to(tl.int64)
     start = block.to(tl.int64) * block_size
@@ -48,12 +50,14 @@ def _centroid_kernel(Keys, Out, seq, dim, block_size, stride_kl, stride_ks, stri
 
 
 def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, keys_at: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of each block of ``block_size`` rows of keys ``[L, S, D]`` (any float dtype, any strides, on a
     CUDA device or, in Triton's interpreter, the CPU) -> ``[L, n, D]`` in ``dtype`` (float32 or float64) with
     ``n = ceil(S / block_size)``; a partial last block averages its real rows. Sums are taken in ``dtype``.
     ``out``: an ``[L, n, D]`` tensor of ``dtype`` on the keys' device, any strides, to write into (a CUDA
-    graph's input)."""
+    graph's input). ``keys_at``: an int64 ``[1]`` tensor the kernel can read (pinned host memory for a CUDA
+    graph) holding the address of the keys to read when the kernel runs; ``keys`` then only gives their
+    dtype, shape and strides."""
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     lanes, seq, dim = keys.shape
@@ -65,6 +69,7 @@ def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dty
     block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))
     block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
     grid = (n, lanes, triton.cdiv(dim, block_d))
-    _centroid_kernel[grid](keys, out, seq, dim, block_size, keys.stride(0), keys.stride(1), keys.stride(2),
-                           out.stride(0), out.stride(1), out.stride(2), BLOCK_R=block_r, BLOCK_D=block_d, num_warps=NUM_WARPS)
+    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, seq, dim, block_size, *keys.stride(),
+                           *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=keys_at is not None,
+                           num_warps=NUM_WARPS)
     return out

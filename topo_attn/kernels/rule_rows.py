@@ -172,10 +172,11 @@ def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int,
     total, is_finite = status.tolist()
     if finite:
         raise_unless_finite(finite[0], bool(is_finite))
-    return split_rows(rows, salience.numel(), total)
+    offsets, entries = split_rows(rows, salience.numel())
+    return offsets, entries[:total]
 
 
-def split_rows(rows: torch.Tensor, row_count: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offsets, indices)`` views of :func:`rule_launch`'s buffer for ``row_count = L * nb`` rows and
-    ``total`` entries."""
-    return rows[:row_count + 1], rows[row_count + 1:row_count + 1 + total]
+def split_rows(rows: torch.Tensor, row_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, entries)`` views of :func:`rule_launch`'s buffer for ``row_count = L * nb`` rows: the
+    first ``total`` of the entries (the status' count) are the CSR indices."""
+    return rows[:row_count + 1], rows[row_count + 1:]

@@ -131,23 +131,24 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
             b, h = shared_lane
             if not (0 <= b < keys.shape[0] and 0 <= h < keys.shape[1]):
                 raise ValueError(f"shared_lane must index keys' (B, H) = {tuple(keys.shape[:2])}, got {shared_lane}")
-            keys = keys[b, h]
+            keys = keys[b:b + 1, h]  # [1, S, D]: the GPU build's layout, one view (a shared schedule)
         else:
             lanes = (keys.shape[0], keys.shape[1])
     elif shared_lane is not None:
         raise ValueError("shared_lane applies only to keys of shape [B, H, S, D]")
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    keys = keys.detach()
     seq, nb = keys.shape[-2], num_blocks(keys.shape[-2], block_size)
     if keys.is_cuda and nb <= MAX_GPU_BLOCKS:
         from .kernels.build import build_rows  # triton is imported on first use
 
         # NaN or Inf keys (or block sums that overflow) reach the centroids, whose finiteness is read back in
-        # the build's one host sync (the kernels stay in bounds on any input)
-        offsets, indices = build_rows(keys.reshape(-1, seq, keys.shape[-1]), block_size, dtype,
-                                      *_clamped(nb, topk, sinks, window))
+        # the build's one host sync (the kernels stay in bounds on any input; they only read the keys, so
+        # keys that require grad need no detached view)
+        flat = keys if keys.ndim == 3 else keys.reshape(-1, seq, keys.shape[-1])
+        offsets, indices = build_rows(flat, block_size, dtype, *_clamped(nb, topk, sinks, window))
         return BlockSchedule._trusted(offsets, indices, block_size, seq, lanes)
+    keys = (keys[0] if keys.ndim == 3 else keys).detach()  # (a shared lane: [S, D])
     centroids = block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64)
     check_finite("keys", centroids)
     return schedule_from_salience(_salience(centroids), block_size, seq, window, sinks, topk, lanes)

@@ -59,9 +59,8 @@ def test_kernels_break_ties_like_the_cpu_path(n, dim, seed, mst):
     assert torch.equal(salience_kernels(centroids.to(device), mst=mst).cpu(), _cpu_salience(centroids))
 
 
-@pytest.mark.parametrize("in_program, mst, parallel_order", [(True, "prim", False), (False, "prim", False),
-                                                            (True, "boruvka", False), (False, "boruvka", False),
-                                                            (False, "boruvka", True)])
+@pytest.mark.parametrize("in_program, mst, parallel_order", [(True, "prim", False), (True, "boruvka", False),
+                                                            (False, "boruvka", False), (False, "boruvka", True)])
 def test_kernels_break_ties_like_the_cpu_path_past_one_column_chunk(in_program, mst, parallel_order):
     """300 blocks: the merge-side and elder passes walk the edges in several chunks, in the Prim program or in
     a grid of programs (two lanes: each grid program must find its lane); Boruvka's rows span two column
@@ -210,15 +209,18 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("strided, rows_in_place", [(False, True), (True, True), (False, False)])
 @pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided):
+def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided, rows_in_place, monkeypatch):
     """Three builds of one shape replay one cached graph that reads each build's keys in place: each equals
     the CPU schedule for its own keys, the first is unchanged by the later replays, keys changed in place
     give their new schedule, and the launch-by-launch build gives the same rows. 8 lanes of 300 blocks: the
-    lanes are split into groups on parallel streams. Contiguous keys and keys with other strides."""
+    lanes are split into groups on parallel streams. Contiguous keys and keys with other strides; rows
+    written by the graph into each build's own buffer, or copied out of the graph's."""
     from topo_attn.kernels import build
+
+    monkeypatch.setattr(build, "ROWS_IN_PLACE", rows_in_place)
 
     gen = torch.Generator().manual_seed(11)
     keys = [torch.randn(2, heads, 64 * blocks, 32, generator=gen) for _ in range(3)]
@@ -379,6 +381,23 @@ def test_rule_rows_kernel_equals_the_torch_assembly(lanes, nb, sinks, window, to
     sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
     offsets, indices = rule_rows(salience.to(device), topk, sinks, window)
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
+
+
+@pytest.mark.parametrize("lanes, nb, sinks, window, topk", [(1, 40, 1, 1, 5), (3, 150, 2, 3, 19)])
+def test_rule_rows_written_through_their_address(lanes, nb, sinks, window, topk, device):
+    """With ``rows_at`` the rows kernel writes the buffer at the address it holds (a CUDA graph's new output
+    per build): the same rows and status as a buffer of its own."""
+    from topo_attn.kernels.rule_rows import rows_size, rule_launch
+
+    gen = torch.Generator().manual_seed(nb + lanes)
+    salience = torch.randint(0, 5, (lanes, nb), generator=gen).double().to(device)
+    want, want_status = rule_launch(salience, topk, sinks, window)
+    rows = torch.full((rows_size(lanes, nb, topk, sinks, window),), -7, dtype=torch.int32, device=device)
+    rows_at = torch.tensor([rows.data_ptr()], dtype=torch.int64)
+    none, status = rule_launch(salience, topk, sinks, window, rows_at=rows_at.pin_memory() if rows.is_cuda else rows_at)
+    total = int(status[0])
+    assert none is None and torch.equal(status.cpu(), want_status.cpu()) and total > lanes * nb
+    assert torch.equal(rows[:lanes * nb + 1 + total].cpu(), want[:lanes * nb + 1 + total].cpu())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])

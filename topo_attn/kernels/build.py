@@ -19,8 +19,7 @@ import triton
 
 from ..validation import raise_unless_finite
 from .centroids import block_centroids_kernel
-from .rule_rows import rule_launch
-from .rule_rows import split_rows
+from .rule_rows import rows_size, rule_launch, split_rows
 from .salience import choose_mst, finite_flags, salience_and_finite
 
 GRAPH_MAX_BYTES = 512 * 2**20
@@ -52,14 +51,16 @@ def _lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
     return groups if lanes >= 2 * groups and lanes % groups == 0 else 1
 
 
-def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None):
+def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None,
+            rows_at: torch.Tensor | None = None):
     """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rule_rows.rule_launch`, with no host
-    sync; the status holds the centroids' finiteness flag (written to ``status`` if given)."""
+    sync; the status holds the centroids' finiteness flag (written to ``status`` if given; the rows to the
+    buffer whose address ``rows_at`` holds, if given)."""
     lanes, n, _ = centroids.shape
     groups = _lane_groups(lanes, n, centroids.dtype) if centroids.is_cuda else 1
     if groups == 1:
         salience, finite = salience_and_finite(centroids)
-        return rule_launch(salience, topk, sinks, window, finite, status)
+        return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
     # -- lane groups on parallel streams, each writing its share of the saliences and flags
     size = lanes // groups
     salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device)
@@ -73,7 +74,12 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
             salience_and_finite(centroids[lanes_g], out=salience[lanes_g], finite=finite[g])
     for stream in streams:
         main.wait_stream(stream)
-    return rule_launch(salience, topk, sinks, window, finite, status)
+    return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
+
+
+ROWS_IN_PLACE = True
+"""Whether the graph's rows kernel writes into a new buffer per build (its address in pinned memory, like the
+keys'), instead of a buffer of the graph's that each build then copies out."""
 
 
 class _BuildGraph:
@@ -94,10 +100,18 @@ class _BuildGraph:
         self.keys_at_numpy = self.keys_at.numpy()
         self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
         self.status_numpy = self.status.numpy()
+        # the rows: written where rows_at points (a buffer of rows_size entries per build), or to the graph's
+        self.rows_size = rows_size(lanes, n, *rule)
+        self.rows_in_place = ROWS_IN_PLACE
+        self.rows_at = self.rows_at_numpy = None
+        if self.rows_in_place:
+            first_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)
+            self.rows_at = torch.tensor([first_rows.data_ptr()], dtype=torch.int64).pin_memory()
+            self.rows_at_numpy = self.rows_at.numpy()
 
         def stages():
             block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.keys_at)
-            return _stages(self.centroids, *rule, status=self.status)
+            return _stages(self.centroids, *rule, status=self.status, rows_at=self.rows_at)
 
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
@@ -144,10 +158,15 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
                block_size, dtype, rule)
         graph = _graph_for(key, keys, block_size, dtype, rule)
         graph.keys_at_numpy[0] = keys.data_ptr()
-        graph.graph.replay()
-        # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the whole rows
-        # buffer, launched before the sync (so its host time overlaps the GPU's), and its views
-        offsets, tail = split_rows(graph.outputs[0].clone(), lanes * n)
+        if graph.rows_in_place:  # a new rows buffer for each build, written by the graph
+            rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
+            graph.rows_at_numpy[0] = rows.data_ptr()
+            graph.graph.replay()
+        else:  # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the rows,
+            # launched before the sync (so its host time overlaps the GPU's)
+            graph.graph.replay()
+            rows = graph.outputs[0].clone()
+        offsets, tail = split_rows(rows, lanes * n)
         graph.stream.synchronize()
         total, finite = graph.status_numpy.tolist()
     else:

@@ -46,8 +46,12 @@ def _top_flags_kernel(Sal, Flags, Parts, nb, sinks, window, topk, stride_sal, RO
 
 
 @triton.jit
-def _rule_rows_kernel(Flags, Parts, Finite, Offsets, Indices, Status, lanes, nb, sinks, window, parts_per_lane,
-                      finite_count, BLOCK_R: tl.constexpr, COLS: tl.constexpr):
+def _rule_rows_kernel(Flags, Parts, Finite, Offsets, Indices, Status, RowsAt, lanes, nb, sinks, window,
+                      parts_per_lane, finite_count, BLOCK_R: tl.constexpr, COLS: tl.constexpr,
+                      INDIRECT: tl.constexpr):
+    if INDIRECT:  # -- the rows buffer's address read when the program runs (a CUDA graph's fresh output)
+        Offsets = tl.load(RowsAt).to(tl.pointer_type(tl.int32))
+        Indices = Offsets + lanes * nb + 1
     lane = tl.program_id(1).to(tl.int64)
     qb = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # query blocks
     flags = Flags + lane * nb
@@ -127,14 +131,22 @@ time. Both tiles from an H200 sweep (NOTES.md v8; the two launches for 512 block
 lane, 32.6 -> 27.0 for 32 lanes, against the earlier (64, 64) and (32, 64)."""
 
 
+def rows_size(lanes: int, nb: int, topk: int, sinks: int, window: int) -> int:
+    """Entries of :func:`rule_launch`'s rows buffer: ``L * nb + 1`` offsets, then :func:`rule_bound` per lane."""
+    return lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window)
+
+
 def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, finite: torch.Tensor | None = None,
-                status: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                status: torch.Tensor | None = None, rows_at: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches. Returns
-    ``rows``, one int32 buffer holding the offsets (``L * nb + 1``) and then room for :func:`rule_bound`
-    entries per lane, whose first ``offsets[-1]`` entries are the indices; and a device ``int64 [2]`` status
-    ``(offsets[-1], finite)``. ``finite``: device flags (any shape, bool or integer), all nonzero or not;
-    None counts as finite. ``status``: an int64 ``[2]`` tensor the kernel writes the status to instead, e.g.
-    pinned host memory, which the host reads after a sync with no copy launched."""
+    ``rows``, one int32 buffer of :func:`rows_size` entries holding the offsets (``L * nb + 1``) and then room
+    for :func:`rule_bound` entries per lane, whose first ``offsets[-1]`` entries are the indices; and a device
+    ``int64 [2]`` status ``(offsets[-1], finite)``. ``finite``: device flags (any shape, bool or integer), all
+    nonzero or not; None counts as finite. ``status``: an int64 ``[2]`` tensor the kernel writes the status
+    to instead, e.g. pinned host memory, which the host reads after a sync with no copy launched.
+    ``rows_at``: an int64 ``[1]`` tensor the kernel can read (pinned host memory) holding the address of a
+    rows buffer to write when the kernel runs, instead of a new one (``rows`` is then None)."""
     lanes, nb = salience.shape
     device = salience.device
     rank_rows, rank_cols = RANK_TILE
@@ -145,8 +157,8 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
                                                ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)),
                                                num_warps=4)
-    rows = torch.empty(lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window), dtype=torch.int32,
-                       device=device)
+    rows = None if rows_at is not None else torch.empty(rows_size(lanes, nb, topk, sinks, window),
+                                                         dtype=torch.int32, device=device)
     if status is None:
         status = torch.empty(2, dtype=torch.int64, device=device)
     if finite is None:
@@ -154,9 +166,11 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     elif finite.dtype == torch.bool:
         finite = finite.view(torch.uint8)
     finite = finite.reshape(-1)
-    _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, rows, rows[lanes * nb + 1:], status,
-                                                         lanes, nb, sinks, window, parts_per_lane, finite.numel(),
-                                                         BLOCK_R=block_r, COLS=cols, num_warps=4)
+    offsets, indices = (parts, parts) if rows is None else (rows, rows[lanes * nb + 1:])  # (int32; unused then)
+    _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, offsets, indices, status,
+                                                         status if rows_at is None else rows_at, lanes, nb, sinks,
+                                                         window, parts_per_lane, finite.numel(), BLOCK_R=block_r,
+                                                         COLS=cols, INDIRECT=rows_at is not None, num_warps=4)
     return rows, status
 
 

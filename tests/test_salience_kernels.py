@@ -266,16 +266,12 @@ def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Ten
     return keys
 
 
-@pytest.mark.parametrize("finish_after", [1, None])
 @pytest.mark.parametrize("blocks", [16, 64])
-def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, finish_after, device, monkeypatch):
+def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, device):
     """Ruler centroids of 2^k blocks need every Boruvka round: the flag of each round but the last is set; in a second lane
     of random centroids (a few rounds suffice) the flags stay those of the ruler lane. A single lane of
-    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0. The same
-    whether the rounds after the first run as grids or in the finisher."""
+    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0."""
     from topo_attn.kernels import salience as sk
-
-    monkeypatch.setattr(sk, "FINISH_AFTER_ROUNDS", finish_after)
 
     ruler = ta.block_centroids(_ruler_keys(1, blocks, 1, 3)[0, 0], 1, torch.float64)
     random = torch.randn(blocks, 3, generator=torch.Generator().manual_seed(blocks), dtype=torch.float64)
@@ -287,39 +283,19 @@ def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, finis
     assert 1 <= done < rounds - 1 and flags[done:] == [0] * (rounds - done)
 
 
-@pytest.mark.parametrize("finish_after", [1, 3])
-def test_boruvka_finisher_completes_the_trees_the_grid_rounds_left(finish_after, device, monkeypatch):
-    """The rounds after ``FINISH_AFTER_ROUNDS`` run in one program per lane, over tiles of 128 x 128 whose
-    diagonal ones hold each pair on one side only. Ruler centroids of 150 blocks (7 rounds), random ones and
-    lattice-tied ones give the CPU path's saliences: three lanes (the hooks launched alone) and the ruler
-    lane alone (the hooks fused into the searches)."""
-    from topo_attn.kernels import salience as sk
-
-    monkeypatch.setattr(sk, "FINISH_AFTER_ROUNDS", finish_after)
-    gen = torch.Generator().manual_seed(150)
-    ruler = ta.block_centroids(_ruler_keys(1, 150, 1, 3)[0, 0], 1, torch.float64)
-    centroids = torch.stack([ruler, torch.randn(150, 3, generator=gen, dtype=torch.float64),
-                             torch.randint(0, 3, (150, 3), generator=gen).double()])
-    assert sk._boruvka(ruler[None].to(device))[4].tolist() == [1] * 6 + [0, 0]
-    _assert_cpu_saliences(salience_kernels(centroids.to(device), mst="boruvka").cpu(), centroids)
-    _assert_cpu_saliences(salience_kernels(ruler[None].to(device), mst="boruvka").cpu(), ruler[None])
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("skip_from, finish_after", [(2, None), (None, None), (None, 3)])
+@pytest.mark.parametrize("skip_from", [2, None])
 @pytest.mark.parametrize("lanes, blocks", [(1, 512), (8, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, finish_after, monkeypatch):
+def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, monkeypatch):
     """One cached graph replayed for random keys (a few Boruvka rounds do work) and for ruler keys (every
-    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) or leaves to
-    the finisher (``FINISH_AFTER_ROUNDS``) are decided at each replay, so every build equals the CPU
-    schedule."""
+    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) are decided
+    at each replay, so every build equals the CPU schedule."""
     from topo_attn.kernels import build, salience
 
     if skip_from is not None and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
         pytest.skip("this PyTorch has no conditional CUDA graph nodes")
     monkeypatch.setattr(salience, "SKIP_ROUNDS_FROM", skip_from)
-    monkeypatch.setattr(salience, "FINISH_AFTER_ROUNDS", finish_after)
     gen = torch.Generator().manual_seed(blocks)
     random = torch.randn(1, lanes, blocks * 64, 32, generator=gen, dtype=torch.float64)
     build.clear_graphs()

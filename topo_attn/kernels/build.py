@@ -5,7 +5,8 @@ Stages, all on the keys' device: block centroids (:mod:`.centroids`), their fini
 (:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). All of them are captured once per (device,
 stream, keys' shape, strides and dtype, dtype, rule) and replayed: launched one by one from Python, the
 launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel reads the
-keys in place: their address is written to pinned host memory before each replay. The rows are copied out of
+keys in place: their address is written to pinned host memory before each replay and copied to the device by
+the graph's first node. The rows are copied out of
 the graph's buffers, so a schedule never aliases them; the rows kernel writes the entry count and the
 finiteness flag to pinned host memory, read after the one host sync.
 """
@@ -84,8 +85,8 @@ keys'), instead of a buffer of the graph's that each build then copies out."""
 
 class _BuildGraph:
     """Every stage, keys ``[L, S, D]`` to the rows buffer, captured for one shape, strides and rule. The
-    centroid kernel reads the keys' address from pinned host memory (``keys_at``) when the graph runs, so
-    the keys are read in place wherever they are: no copy into the graph, no launch outside it."""
+    centroid kernel reads the keys' address from device memory when the graph runs, so the keys are read in
+    place wherever they are: no copy into the graph, no launch outside it."""
 
     def __init__(self, keys: torch.Tensor, block_size: int, dtype: torch.dtype, rule: tuple[int, int, int]):
         lanes, seq, dim = keys.shape
@@ -94,24 +95,26 @@ class _BuildGraph:
         self.stream = torch.cuda.current_stream(device)  # (the graph's key holds this stream's handle)
         # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
         self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
-        # the keys' address and the status (entry count, finiteness flag), in pinned host memory that the
-        # kernels read and write directly; the host reads and writes them through numpy views (a microsecond)
-        self.keys_at = torch.tensor([keys.data_ptr()], dtype=torch.int64).pin_memory()
-        self.keys_at_numpy = self.keys_at.numpy()
-        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
-        self.status_numpy = self.status.numpy()
-        # the rows: written where rows_at points (a buffer of rows_size entries per build), or to the graph's
+        # the addresses of the keys and of the rows buffer (rows_size entries, a new one per build), set by
+        # the host in pinned memory through a numpy view (a microsecond) and copied to the device by the
+        # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
+        # every program would cross PCIe: H200, shared 32k build +17 us, NOTES.md v11)
         self.rows_size = rows_size(lanes, n, *rule)
         self.rows_in_place = ROWS_IN_PLACE
-        self.rows_at = self.rows_at_numpy = None
-        if self.rows_in_place:
-            first_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)
-            self.rows_at = torch.tensor([first_rows.data_ptr()], dtype=torch.int64).pin_memory()
-            self.rows_at_numpy = self.rows_at.numpy()
+        first_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)
+        self.addresses_host = torch.tensor([keys.data_ptr(), first_rows.data_ptr()], dtype=torch.int64).pin_memory()
+        self.addresses_numpy = self.addresses_host.numpy()
+        self.addresses = torch.empty(2, dtype=torch.int64, device=device)
+        # the status (entry count, finiteness flag): written by the rows kernel to pinned memory, read after
+        # the sync
+        self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
+        self.status_numpy = self.status.numpy()
 
         def stages():
-            block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.keys_at)
-            return _stages(self.centroids, *rule, status=self.status, rows_at=self.rows_at)
+            self.addresses.copy_(self.addresses_host, non_blocking=True)
+            block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.addresses[:1])
+            return _stages(self.centroids, *rule, status=self.status,
+                           rows_at=self.addresses[1:] if self.rows_in_place else None)
 
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
@@ -157,10 +160,10 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
                block_size, dtype, rule)
         graph = _graph_for(key, keys, block_size, dtype, rule)
-        graph.keys_at_numpy[0] = keys.data_ptr()
+        graph.addresses_numpy[0] = keys.data_ptr()
         if graph.rows_in_place:  # a new rows buffer for each build, written by the graph
             rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
-            graph.rows_at_numpy[0] = rows.data_ptr()
+            graph.addresses_numpy[1] = rows.data_ptr()
             graph.graph.replay()
         else:  # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the rows,
             # launched before the sync (so its host time overlaps the GPU's)

@@ -85,8 +85,7 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeL
                          mask=(cols[:, None] < n) & (rows[None, :] < n))
         # -- Boruvka's first round for free: every block is its own component
         if MINIMA:
-            _tile_minima(dist, (rows[:, None] != cols[None, :]) & inside, rows, cols, n, PLen, PKey,
-                         lane * n * slots, slots, tile_i, tile_j)
+            _tile_minima(dist, rows, cols, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
             # -- and, in the lane's last program to finish, the first round's hooks
             if HOOKS:
                 _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi,
@@ -94,26 +93,18 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeL
 
 
 @triton.jit
-def _tile_minima(length, outside, rows, cols, n, PLen, PKey, base, slots, tile_i, tile_j,
-                 HALF_DIAGONAL: tl.constexpr = False):
+def _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, base, slots, tile_i, tile_j):
     """Within one upper-triangle tile of distances ``length [rows, cols]``: each row's lightest edge to
-    another component (``outside``: the pairs that are such edges) and, off the diagonal, each column's;
-    stored as the partial minimum of that block over that tile (``[block, other tile]`` of ``PLen`` /
-    ``PKey``, every slot written once). ``HALF_DIAGONAL``: a diagonal tile holds each pair only once (on
-    either side), so its blocks take the lighter of their row's and their column's minimum."""
+    another component and, off the diagonal, each column's; stored as the partial minimum of that block
+    over that tile (``[block, other tile]`` of ``PLen`` / ``PKey``, every slot written once)."""
     NONE = n * n
+    outside = (comp_row[:, None] != comp_col[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
     length = tl.where(outside, length, float("inf"))
     pair = tl.where(outside, tl.minimum(rows[:, None], cols[None, :]) * n + tl.maximum(rows[:, None], cols[None, :]),
                     NONE)
     # -- the shortest length, then the lowest pair among the edges of that length (two plain reductions)
     row_len = tl.min(length, 1)
     row_key = tl.min(tl.where(length == row_len[:, None], pair, NONE), 1)
-    if HALF_DIAGONAL:
-        col_len = tl.min(length, 0)
-        col_key = tl.min(tl.where(length == col_len[None, :], pair, NONE), 0)
-        both_len, both_key = _lighter(row_len, row_key, col_len, col_key)  # (rows == cols on the diagonal)
-        row_len = tl.where(tile_i == tile_j, both_len, row_len)
-        row_key = tl.where(tile_i == tile_j, both_key, row_key)
     tl.store(PLen + base + rows * slots + tile_j, row_len, mask=rows < n)
     tl.store(PKey + base + rows * slots + tile_j, row_key, mask=rows < n)
     if tile_j > tile_i:  # the mirror tile (j, i): the columns' edges to these rows
@@ -241,7 +232,7 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, Edg
         outside = (comp_row[:, None] != comp_col[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
         dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row + cols[None, :]
         length = tl.load(dist, mask=outside, other=float("inf"))
-        _tile_minima(length, outside, rows, cols, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
+        _tile_minima(length, rows, cols, comp_row, comp_col, n, PLen, PKey, lane * n * slots, slots, tile_i, tile_j)
         # -- then, in the lane's last program to finish, the hooks
         if HOOKS:
             _hooks_when_last(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen,
@@ -256,39 +247,6 @@ def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, C
     if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
         _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending,
                HOOK_BLOCK, SLOTS, JUMPS, FIRST)
-
-
-@triton.jit
-def _finish_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending, n, tiles,
-                   first_round, rounds, stride_lane, stride_row, TILE: tl.constexpr, STORED: tl.constexpr,
-                   HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr):
-    # -- the Boruvka rounds after the grid's, one program per lane; a lane whose tree is complete returns
-    lane = tl.program_id(0).to(tl.int64)
-    comp = Comp + lane * n
-    count = tl.load(Count + lane)
-    round = first_round
-    while (count < n - 1) & (round < rounds):
-        # -- each block's lightest edge to another component, over the upper triangle, TILE x TILE at a
-        # time (only the distance kernel's own upper-triangle tiles, STORED x STORED, hold distances)
-        for tile_i in range(0, tiles):
-            for tile_j in range(tile_i, tiles):
-                rows = tile_i * TILE + tl.arange(0, TILE)
-                cols = tile_j * TILE + tl.arange(0, TILE)
-                comp_row = tl.load(comp + rows, mask=rows < n, other=-1)
-                comp_col = tl.load(comp + cols, mask=cols < n, other=-2)
-                stored = rows[:, None] // STORED <= cols[None, :] // STORED
-                outside = (comp_row[:, None] != comp_col[None, :]) & (rows[:, None] < n) & (cols[None, :] < n) & stored
-                dist = Dist + lane * stride_lane + rows[:, None].to(tl.int64) * stride_row + cols[None, :]
-                length = tl.load(dist, mask=outside, other=float("inf"))
-                _tile_minima(length, outside, rows, cols, n, PLen, PKey, lane * n * tiles, tiles, tile_i, tile_j,
-                             HALF_DIAGONAL=True)
-        # -- then the hooks, on what every thread of the program stored
-        tl.debug_barrier()
-        _hooks(lane, n, tiles, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending + round,
-               HOOK_BLOCK, SLOTS, JUMPS, False)
-        tl.debug_barrier()
-        count = tl.load(Count + lane)
-        round += 1
 
 
 @triton.jit
@@ -546,18 +504,6 @@ distance kernel's 4 warps) instead of a hook launch of their own (H200, shared 3
 time 115.7 us with the launch, 123.3 without; NOTES.md v9)."""
 
 
-FINISH_AFTER_ROUNDS: int | None = 3
-"""Boruvka rounds run as grids (every tile of every lane at once) before one program per lane finishes any
-tree still incomplete (``_finish_kernel``: the remaining rounds, 128 x 128 tiles at a time); None: every
-round as a grid. Random keys at 512 blocks need three rounds, real ones three to five, so the later
-``ceil(log2 n) - 3`` grid rounds are mostly empty launches (1.6 us each for one lane, 7 for 32 lanes on the
-H200; NOTES.md v10) that the finisher replaces with one. A tree that needs more rounds is finished more
-slowly, one program per lane."""
-
-FINISH_TILE = 128
-"""Rows and columns of the finisher's tiles (a multiple of the distance kernel's tile)."""
-
-
 SKIP_ROUNDS_FROM: int | None = None
 """Inside a CUDA graph, run the Boruvka rounds after the round of this index (0: the first) each under a
 conditional node of the graph, nested, so that they are skipped once every lane's tree is complete (each
@@ -653,9 +599,8 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     sizes = _hook_sizes(n, tiles)
     hook_warps = _hook_warps(sizes["HOOK_BLOCK"])
     skip = _skip_rounds_from(centroids)
-    grid_rounds = log_n if FINISH_AFTER_ROUNDS is None else min(log_n, max(1, FINISH_AFTER_ROUNDS))
     with contextlib.ExitStack() as later_rounds:
-        for round in range(grid_rounds):
+        for round in range(log_n):
             if round:  # (the distance kernel did the first round's search)
                 _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
                                                      dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused,
@@ -666,12 +611,6 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
             # -- in a CUDA graph, the rounds after this one only run while some lane's tree is not complete
             if skip is not None and skip <= round < log_n - 1:
                 later_rounds.enter_context(_only_if(pending.view(torch.bool)[4 * round]))
-        if grid_rounds < log_n:  # -- the rest in one program per lane, for the trees still incomplete
-            finish_tile = min(FINISH_TILE, triton.next_power_of_2(n))
-            finish_tiles = triton.cdiv(n, finish_tile)
-            _finish_kernel[(lanes,)](dist, plen, pkey, *forest[:7], pending, n, finish_tiles, grid_rounds, log_n,
-                                     dist.stride(0), dist.stride(1), TILE=finish_tile, STORED=tile,
-                                     **_hook_sizes(n, finish_tiles), num_warps=hook_warps)
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank), pending
 

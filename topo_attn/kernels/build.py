@@ -1,14 +1,13 @@
-"""The GPU build of a topology schedule, keys to CSR rows, with one host sync; after the centroids it is
-replayed from a CUDA graph.
+"""The GPU build of a topology schedule, keys to CSR rows, with one host sync, replayed from a CUDA graph.
 
 Stages, all on the keys' device: block centroids (:mod:`.centroids`), their finiteness flag, saliences
 (:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). All of them are captured once per (device,
 stream, keys' shape, strides and dtype, dtype, rule) and replayed: launched one by one from Python, the
 launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel reads the
-keys in place: their address is written to pinned host memory before each replay and copied to the device by
-the graph's first node. The rows are copied out of
-the graph's buffers, so a schedule never aliases them; the rows kernel writes the entry count and the
-finiteness flag to pinned host memory, read after the one host sync.
+keys in place and the rows kernel writes a new buffer for each build, so a schedule never aliases the graph's
+buffers: both addresses are written to pinned host memory before each replay and copied to the device by the
+graph's first node. The rows kernel writes the entry count and the finiteness flag to pinned host memory,
+read after the one host sync.
 """
 
 from __future__ import annotations
@@ -78,11 +77,6 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
     return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
 
 
-ROWS_IN_PLACE = True
-"""Whether the graph's rows kernel writes into a new buffer per build (its address in pinned memory, like the
-keys'), instead of a buffer of the graph's that each build then copies out."""
-
-
 class _BuildGraph:
     """Every stage, keys ``[L, S, D]`` to the rows buffer, captured for one shape, strides and rule. The
     centroid kernel reads the keys' address from device memory when the graph runs, so the keys are read in
@@ -100,7 +94,6 @@ class _BuildGraph:
         # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
         # every program would cross PCIe: H200, shared 32k build +17 us, NOTES.md v11)
         self.rows_size = rows_size(lanes, n, *rule)
-        self.rows_in_place = ROWS_IN_PLACE
         first_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)
         self.addresses_host = torch.tensor([keys.data_ptr(), first_rows.data_ptr()], dtype=torch.int64).pin_memory()
         self.addresses_numpy = self.addresses_host.numpy()
@@ -113,8 +106,7 @@ class _BuildGraph:
         def stages():
             self.addresses.copy_(self.addresses_host, non_blocking=True)
             block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.addresses[:1])
-            return _stages(self.centroids, *rule, status=self.status,
-                           rows_at=self.addresses[1:] if self.rows_in_place else None)
+            return _stages(self.centroids, *rule, status=self.status, rows_at=self.addresses[1:])
 
         # -- one run outside the graph compiles the kernels; then the capture
         side = torch.cuda.Stream(device)
@@ -124,7 +116,7 @@ class _BuildGraph:
         self.stream.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.outputs = stages()
+            stages()
         self.stream.synchronize()
 
 
@@ -161,14 +153,10 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
                block_size, dtype, rule)
         graph = _graph_for(key, keys, block_size, dtype, rule)
         graph.addresses_numpy[0] = keys.data_ptr()
-        if graph.rows_in_place:  # a new rows buffer for each build, written by the graph
-            rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
-            graph.addresses_numpy[1] = rows.data_ptr()
-            graph.graph.replay()
-        else:  # the graph's buffers are overwritten by its next replay: the schedule gets a copy of the rows,
-            # launched before the sync (so its host time overlaps the GPU's)
-            graph.graph.replay()
-            rows = graph.outputs[0].clone()
+        # a new rows buffer for each build, written by the graph (no copy out of the graph's buffers)
+        rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
+        graph.addresses_numpy[1] = rows.data_ptr()
+        graph.graph.replay()
         offsets, tail = split_rows(rows, lanes * n)
         graph.stream.synchronize()
         total, finite = graph.status_numpy.tolist()

@@ -94,8 +94,8 @@ class _BuildGraph:
         # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
         # every program would cross PCIe: H200, shared 32k build +17 us, NOTES.md v11)
         self.rows_size = rows_size(lanes, n, *rule)
-        first_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)
-        self.addresses_host = torch.tensor([keys.data_ptr(), first_rows.data_ptr()], dtype=torch.int64).pin_memory()
+        self.next_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)  # the next build's
+        self.addresses_host = torch.tensor([keys.data_ptr(), self.next_rows.data_ptr()], dtype=torch.int64).pin_memory()
         self.addresses_numpy = self.addresses_host.numpy()
         self.addresses = torch.empty(2, dtype=torch.int64, device=device)
         # the status (entry count, finiteness flag): written by the rows kernel to pinned memory, read after
@@ -152,11 +152,13 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
                block_size, dtype, rule)
         graph = _graph_for(key, keys, block_size, dtype, rule)
+        # a new rows buffer for each build, written by the graph (no copy out of the graph's buffers); it was
+        # allocated after the previous build's replay, and the next one is allocated while the GPU works
+        rows = graph.next_rows
         graph.addresses_numpy[0] = keys.data_ptr()
-        # a new rows buffer for each build, written by the graph (no copy out of the graph's buffers)
-        rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         graph.addresses_numpy[1] = rows.data_ptr()
         graph.graph.replay()
+        graph.next_rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         offsets, tail = split_rows(rows, lanes * n)
         graph.stream.synchronize()
         total, finite = graph.status_numpy.tolist()

@@ -94,6 +94,7 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
     import triton
 
     from topo_attn.kernels import salience as sk
+    from topo_attn.kernels.pdl import pdl_options
     from topo_attn.kernels.prim_order import prim_order_parallel
 
     gen = torch.Generator().manual_seed(n * dim + lanes)
@@ -101,7 +102,8 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
         torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
     lo, hi, length, by_rank, _ = sk._boruvka(centroids.to(device))
     block = triton.next_power_of_2(n)
-    sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block))
+    sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block),
+                                                      **pdl_options(by_rank.device))
     outputs = []
     for parallel in (False, True):
         order, pair = torch.zeros(2, lanes, n, dtype=torch.int32, device=device).unbind(0)
@@ -111,7 +113,8 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
         else:
             unused = torch.zeros(3, lanes, n, dtype=torch.int32, device=device)
             sk._tree_prim_kernel[(lanes,)](lo, hi, length, by_rank, order, pair, lengths, unused[0], unused[1],
-                                           lengths.clone(), n, BLOCK=block, ROWS=16, COLS=min(256, block), ELDER=False)
+                                           lengths.clone(), n, BLOCK=block, ROWS=16, COLS=min(256, block), ELDER=False,
+                                           **pdl_options(order.device))
         outputs.append((order.cpu(), pair[:, 1:].cpu(), lengths[:, 1:].cpu()))
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
     got = salience_kernels(centroids.to(device), mst="boruvka", parallel_order=True).cpu()

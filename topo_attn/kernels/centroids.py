@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_options, wait_for_inputs
+
 ROW_CHUNK = 64
 """Most key rows a program loads at once; larger blocks are summed over several chunks."""
 
@@ -25,7 +27,8 @@ NUM_WARPS = 1
 
 @triton.jit
 def _centroid_kernel(Keys, KeysAt, Out, seq, dim, block_size, stride_kl, stride_ks, stride_kd, stride_ol, stride_on,
-                     stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INDIRECT: tl.constexpr):
+                     stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INDIRECT: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     if INDIRECT:  # -- the keys' address read when the program runs (a CUDA graph replayed for moving keys)
         Keys = tl.load(KeysAt).to(tl.pointer_type(Keys.dtype.element_ty))
     block = tl.program_id(0)
@@ -71,5 +74,5 @@ def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dty
     grid = (n, lanes, triton.cdiv(dim, block_d))
     _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, seq, dim, block_size, *keys.stride(),
                            *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=keys_at is not None,
-                           num_warps=NUM_WARPS)
+                           num_warps=NUM_WARPS, **pdl_options(out.device))
     return out

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import pdl_options, wait_for_inputs
+
 SLOTS = tl.constexpr(10)
 """Scratch arrays of ``ARCS`` entries per lane, besides the lifting tables."""
 
@@ -46,7 +48,8 @@ def _list_rank(succ, mask, rounds):
 
 @triton.jit
 def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scratch, n, levels, rounds,
-                       ARCS: tl.constexpr):
+                       ARCS: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # Values indexed by this program's own tensors are read with tl.gather; only scatters (a store at a
     # computed index) go through the scratch memory, each followed by a barrier before it is read
     lane = tl.program_id(0).to(tl.int64)
@@ -183,4 +186,4 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     rounds = max(1, (arcs - 1).bit_length())
     scratch = torch.empty(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
     _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
-                                 ARCS=arcs, num_warps=WARPS)
+                                 ARCS=arcs, num_warps=WARPS, **pdl_options(order.device))

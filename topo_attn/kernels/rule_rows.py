@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ..validation import raise_unless_finite
+from .pdl import pdl_options, wait_for_inputs
 
 
 @triton.jit
@@ -24,7 +25,8 @@ def _fixed_count(q, sinks, window):
 
 @triton.jit
 def _top_flags_kernel(Sal, Flags, Parts, nb, sinks, window, topk, stride_sal, ROWS: tl.constexpr,
-                      COLS: tl.constexpr):
+                      COLS: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     lane = tl.program_id(1).to(tl.int64)
     tile = tl.program_id(0)
     b = tile * ROWS + tl.arange(0, ROWS)
@@ -48,7 +50,8 @@ def _top_flags_kernel(Sal, Flags, Parts, nb, sinks, window, topk, stride_sal, RO
 @triton.jit
 def _rule_rows_kernel(Flags, Parts, Finite, Offsets, Indices, Status, RowsAt, lanes, nb, sinks, window,
                       parts_per_lane, finite_count, BLOCK_R: tl.constexpr, COLS: tl.constexpr,
-                      INDIRECT: tl.constexpr):
+                      INDIRECT: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     if INDIRECT:  # -- the rows buffer's address read when the program runs (a CUDA graph's fresh output)
         Offsets = tl.load(RowsAt).to(tl.pointer_type(tl.int32))
         Indices = Offsets + lanes * nb + 1
@@ -154,9 +157,10 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     parts_per_lane = triton.cdiv(nb, rank_rows)
     flags = torch.empty(lanes, nb, dtype=torch.int8, device=device)
     parts = torch.empty(lanes, parts_per_lane, dtype=torch.int32, device=device)
+    pdl = pdl_options(device)
     _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
                                                ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)),
-                                               num_warps=4)
+                                               num_warps=4, **pdl)
     rows = None if rows_at is not None else torch.empty(rows_size(lanes, nb, topk, sinks, window),
                                                          dtype=torch.int32, device=device)
     if status is None:
@@ -170,7 +174,7 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, offsets, indices, status,
                                                          status if rows_at is None else rows_at, lanes, nb, sinks,
                                                          window, parts_per_lane, finite.numel(), BLOCK_R=block_r,
-                                                         COLS=cols, INDIRECT=rows_at is not None, num_warps=4)
+                                                         COLS=cols, INDIRECT=rows_at is not None, num_warps=4, **pdl)
     return rows, status
 
 

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from ..persistence import MAX_GPU_BLOCKS as MAX_BLOCKS
+from .pdl import pdl_options, wait_for_inputs
 from .prim_order import prim_order_parallel
 
 
@@ -48,7 +49,8 @@ def _distance_kernel(C, Dist, PLen, PKey, Finite, Comp, CompBits, CompKey, EdgeL
                      Arrived, Pending, n, dim, slots, stride_cl, stride_cd, stride_cn, stride_dl, stride_dn,
                      BLOCK: tl.constexpr, MIRROR: tl.constexpr, MINIMA: tl.constexpr, FINITE: tl.constexpr,
                      HOOKS: tl.constexpr, HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr,
-                     JUMPS: tl.constexpr, UNROLL: tl.constexpr):
+                     JUMPS: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
     # -- upper-triangle tiles only: tile (i, j) also stands for (j, i)
     if tile_j >= tile_i:
@@ -153,7 +155,8 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     _distance_kernel[grid](features_first, dist, plen, pkey, dist if finite is None else finite, *state, n, dim,
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
-                           HOOKS=hooks, **_hook_sizes(n, tiles), UNROLL=_distance_unroll(lanes), num_warps=warps)
+                           HOOKS=hooks, **_hook_sizes(n, tiles), UNROLL=_distance_unroll(lanes), num_warps=warps,
+                           **pdl_options(dist.device))
     return dist
 
 
@@ -171,7 +174,9 @@ def _lighter(length_a, key_a, length_b, key_b):
 
 @triton.jit
 def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, stride_lane, stride_row,
-                     BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr):
+                     BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr,
+                     PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     lane = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     dist = Dist + lane * stride_lane
@@ -218,7 +223,8 @@ def _salience_kernel(Dist, Order, Pair, Length, SideLo, SideHi, Salience, n, str
 @triton.jit
 def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Arrived, Pending, n,
                   slots, stride_lane, stride_row, BLOCK: tl.constexpr, HOOKS: tl.constexpr,
-                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr):
+                  HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # -- a Boruvka round after the first. Per upper-triangle tile, each block's lightest edge to another
     # component (a lane whose tree is complete does nothing)
     tile_i, tile_j = tl.program_id(0), tl.program_id(1)
@@ -241,7 +247,9 @@ def _round_kernel(Dist, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, Edg
 
 @triton.jit
 def _hook_kernel(Comp, PLen, PKey, CompBits, CompKey, EdgeLo, EdgeHi, EdgeLen, Count, Pending, n, slots,
-                 HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr):
+                 HOOK_BLOCK: tl.constexpr, SLOTS: tl.constexpr, JUMPS: tl.constexpr, FIRST: tl.constexpr,
+                 PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # -- the hooks in a launch of their own (see HOOKS_IN_SEARCH_MAX_LANES), one program per lane
     lane = tl.program_id(0).to(tl.int64)
     if tl.load(Count + lane) < n - 1:  # (a complete tree has nothing to hook)
@@ -344,7 +352,9 @@ def _hooks(lane, n, slots, PLen, PKey, Comp, CompBits, CompKey, EdgeLo, EdgeHi, 
 
 
 @triton.jit
-def _edge_rank_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _edge_rank_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, n, ROWS: tl.constexpr, COLS: tl.constexpr,
+                      PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # -- each tree edge's rank under the strict order (length, lo, hi); ByRank[rank] is the edge
     lane = tl.program_id(1).to(tl.int64)
     base = lane * n
@@ -365,7 +375,9 @@ def _edge_rank_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, n, ROWS: tl.constexpr, CO
 
 @triton.jit
 def _tree_prim_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, SideLo, SideHi, Salience, n,
-                      BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr):
+                      BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ELDER: tl.constexpr,
+                      PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # -- Prim's order over the tree's n - 1 edges alone (the same order as over all pairs: Prim only ever
     # takes tree edges), edges in rank order, each edge's endpoint flags in registers: one integer minimum
     # and no memory read per step
@@ -411,14 +423,18 @@ def _tree_prim_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Side
 
 
 @triton.jit
-def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _merge_sides_kernel(Order, Pair, Length, SideLo, SideHi, n, ROWS: tl.constexpr, COLS: tl.constexpr,
+                        PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     # -- larger trees: one program per (tile of positions, lane)
     _merge_sides(Order, Pair, Length, SideLo, SideHi, tl.program_id(1).to(tl.int64) * n, n,
                  tl.program_id(0) * ROWS, ROWS, COLS)
 
 
 @triton.jit
-def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr, COLS: tl.constexpr):
+def _elder_kernel(Order, Length, SideLo, SideHi, Salience, n, ROWS: tl.constexpr, COLS: tl.constexpr,
+                  PDL: tl.constexpr):
+    wait_for_inputs(PDL)
     _elder_rows(Order, Length, SideLo, SideHi, Salience, tl.program_id(1).to(tl.int64) * n, n,
                 tl.program_id(0) * ROWS, ROWS, COLS)
 
@@ -599,15 +615,16 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     sizes = _hook_sizes(n, tiles)
     hook_warps = _hook_warps(sizes["HOOK_BLOCK"])
     skip = _skip_rounds_from(centroids)
+    pdl = pdl_options(device)
     with contextlib.ExitStack() as later_rounds:
         for round in range(log_n):
             if round:  # (the distance kernel did the first round's search)
                 _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles,
                                                      dist.stride(0), dist.stride(1), BLOCK=tile, HOOKS=fused,
-                                                     **sizes, num_warps=hook_warps if fused else 4)
+                                                     **sizes, num_warps=hook_warps if fused else 4, **pdl)
             if not fused or (round == 0 and not first_fused):
                 _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:7], pending[round:round + 1], n, tiles,
-                                       **sizes, FIRST=round == 0, num_warps=hook_warps)
+                                       **sizes, FIRST=round == 0, num_warps=hook_warps, **pdl)
             # -- in a CUDA graph, the rounds after this one only run while some lane's tree is not complete
             if skip is not None and skip <= round < log_n - 1:
                 later_rounds.enter_context(_only_if(pending.view(torch.bool)[4 * round]))
@@ -679,6 +696,7 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
     if finite is None:
         finite = finite_flags(lanes, n, centroids.dtype, device)
     in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
+    pdl = pdl_options(device)
     rows, cols = 16, min(256, block)
     if mst is None:
         mst = choose_mst(lanes, n, centroids.dtype)
@@ -690,21 +708,22 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
         edge_lo, edge_hi, edge_len, by_rank, _ = _boruvka(centroids, finite)
         _edge_rank_kernel[(triton.cdiv(n, RANK_ROWS), lanes)](edge_lo, edge_hi, edge_len, by_rank, n,
                                                               ROWS=RANK_ROWS, COLS=min(RANK_COLS, block),
-                                                              num_warps=4)
+                                                              num_warps=4, **pdl)
         if parallel_order:
             prim_order_parallel(edge_lo, edge_hi, edge_len, by_rank, order, pair, length)
             in_program = False  # the elder passes in their grids
         else:
             _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo,
                                         side_hi, salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
-                                        num_warps=num_warps or _num_warps(block))
+                                        num_warps=num_warps or _num_warps(block), **pdl)
     else:
         dist = distances(centroids, finite=finite)
         _salience_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0),
                                    dist.stride(1), BLOCK=block, ROWS=rows, COLS=cols, ELDER=in_program,
-                                   num_warps=num_warps or _num_warps(block))
+                                   num_warps=num_warps or _num_warps(block), **pdl)
     if not in_program:
         grid = (triton.cdiv(n, rows), lanes)
-        _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4)
-        _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4)
+        _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4,
+                                  **pdl)
+        _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4, **pdl)
     return salience, finite

@@ -103,7 +103,7 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
     lo, hi, length, by_rank, _ = sk._boruvka(centroids.to(device))
     block = triton.next_power_of_2(n)
     sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block),
-                                                      **pdl_options(by_rank.device))
+                                                      **pdl_options(by_rank.device, lanes))
     outputs = []
     for parallel in (False, True):
         order, pair = torch.zeros(2, lanes, n, dtype=torch.int32, device=device).unbind(0)
@@ -114,7 +114,7 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
             unused = torch.zeros(3, lanes, n, dtype=torch.int32, device=device)
             sk._tree_prim_kernel[(lanes,)](lo, hi, length, by_rank, order, pair, lengths, unused[0], unused[1],
                                            lengths.clone(), n, BLOCK=block, ROWS=16, COLS=min(256, block), ELDER=False,
-                                           **pdl_options(order.device))
+                                           **pdl_options(order.device, lanes))
         outputs.append((order.cpu(), pair[:, 1:].cpu(), lengths[:, 1:].cpu()))
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
     got = salience_kernels(centroids.to(device), mst="boruvka", parallel_order=True).cpu()
@@ -212,16 +212,21 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("poll", [True, False])
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided):
-    """Three builds of one shape replay one cached graph that reads each build's keys in place: each equals
-    the CPU schedule for its own keys, the first is unchanged by the later replays, keys changed in place
-    give their new schedule, and the launch-by-launch build gives the same rows. 8 lanes of 300 blocks: the
-    lanes are split into groups on parallel streams. Contiguous keys and keys with other strides."""
+def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided, poll, monkeypatch):
+    """Three builds of one shape, back to back, replay one cached graph that reads each build's keys in place:
+    each equals the CPU schedule for its own keys, the first is unchanged by the later replays, keys changed
+    in place give their new schedule, and the launch-by-launch build gives the same rows. 8 lanes of 300
+    blocks: the lanes are split into groups on parallel streams. Contiguous keys and keys with other strides;
+    the status polled from pinned memory (the rows may still be being written when a build returns) or read
+    after a stream sync."""
     from topo_attn.kernels import build
 
+    if not poll:
+        monkeypatch.setattr(build, "STATUS_SPINS", 0)
 
     gen = torch.Generator().manual_seed(11)
     keys = [torch.randn(2, heads, 64 * blocks, 32, generator=gen) for _ in range(3)]

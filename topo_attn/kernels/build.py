@@ -32,6 +32,12 @@ MAX_GRAPHS = 8
 USE_GRAPHS = True
 """Set to False to run every build launch by launch (for profiling the stages)."""
 
+STATUS_SPINS = 20000
+"""After a replay the host reads the status (entry count, finiteness flag) from pinned memory as soon as the
+rows kernel has written it, polling up to this many times (a few milliseconds), instead of waiting for the
+whole graph in a stream sync; a build that takes longer falls back to the sync. 0: always the sync. The
+returned rows may still be being written then: like any CUDA result, they are ordered on the stream."""
+
 _graphs: OrderedDict[tuple, "_BuildGraph"] = OrderedDict()
 
 
@@ -136,6 +142,20 @@ def _graph_for(key: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dty
     return graph
 
 
+def _read_status(graph: _BuildGraph) -> tuple[int, int]:
+    """The replay's (entry count, finiteness flag), polled from pinned memory (see :data:`STATUS_SPINS`)."""
+    status = graph.status_numpy
+    for _ in range(STATUS_SPINS):
+        total, finite = status.tolist()
+        if total >= 0 and finite >= 0:
+            return total, finite
+    graph.stream.synchronize()
+    total, finite = status.tolist()
+    if total < 0 or finite < 0:
+        raise RuntimeError("the schedule build's graph finished without writing its status")
+    return total, finite
+
+
 def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: int, sinks: int,
                window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """CSR ``(offsets, indices)`` (int32) of the topology rule for CUDA keys ``[L, S, D]`` (any float dtype and
@@ -157,11 +177,11 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         rows = graph.next_rows
         graph.addresses_numpy[0] = keys.data_ptr()
         graph.addresses_numpy[1] = rows.data_ptr()
+        graph.status_numpy[:] = -1  # (not a status: the rows kernel writes a count >= 0 and a flag 0 or 1)
         graph.graph.replay()
         graph.next_rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         offsets, tail = split_rows(rows, lanes * n)
-        graph.stream.synchronize()
-        total, finite = graph.status_numpy.tolist()
+        total, finite = _read_status(graph)
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
         offsets, tail = split_rows(rows, lanes * n)

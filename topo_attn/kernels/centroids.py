@@ -74,5 +74,5 @@ def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dty
     grid = (n, lanes, triton.cdiv(dim, block_d))
     _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, seq, dim, block_size, *keys.stride(),
                            *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=keys_at is not None,
-                           num_warps=NUM_WARPS, **pdl_options(out.device))
+                           num_warps=NUM_WARPS, **pdl_options(out.device, lanes))
     return out

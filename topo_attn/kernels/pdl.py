@@ -2,8 +2,8 @@
 
 The build is a chain of small, dependent kernels (about twenty for a shared schedule; NOTES.md v12). On Hopper
 and newer GPUs each of them is launched with Triton's ``launch_pdl`` and starts with :func:`wait_for_inputs`:
-``griddepcontrol.wait`` (the previous kernel has finished and its writes are visible) and, in
-:data:`MODE` 2, ``griddepcontrol.launch_dependents`` (the next kernel's programs may be scheduled now, to wait
+``griddepcontrol.wait`` (the previous kernel has finished and its writes are visible) and, for builds of
+few lanes (:data:`EARLY_LAUNCH_MAX_LANES`), ``griddepcontrol.launch_dependents`` (the next kernel's programs may be scheduled now, to wait
 in turn). So a kernel's launch overlaps the end of the one before it, in a CUDA graph too. Nothing runs before
 the wait, so each kernel sees everything that every earlier kernel wrote, as without PDL.
 """
@@ -20,13 +20,18 @@ import triton.language as tl
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # (a triton without grid dependency control: MODE is then 0)
+except ImportError:  # (a triton without grid dependency control: plain launches)
     gdc_launch_dependents = gdc_wait = None
 
-MODE = 2
-"""0: plain launches; 1: PDL, each kernel waits for the previous one at its start; 2: and then lets the next
-kernel launch at once."""
+ENABLED = True
+"""Whether build kernels use PDL where it is supported (False: plain launches, for comparison)."""
 
+EARLY_LAUNCH_MAX_LANES = 1
+"""Builds of up to this many lanes let the next kernel launch as soon as every program of the current one has
+passed its wait; builds of more lanes only wait. On the H200 (NOTES.md v12; S = 32k, 64-token blocks, graph
+replays) the shared build took 119.5 -> 111.5 us with waits only and 109.4 with early launches (float32
+107.5 -> 99.6 -> 98), while the per-lane build (two lane groups on two streams) took 565 -> 562 us with
+waits only but 601 with early launches: waiting programs hold SM slots the other group's kernels need."""
 
 @functools.cache
 def _supported(device_index: int) -> bool:
@@ -40,19 +45,20 @@ def _supported(device_index: int) -> bool:
     return has_option and torch.version.cuda is not None and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def pdl_options(device: torch.device) -> dict:
-    """Launch keywords for a kernel that takes ``PDL: tl.constexpr`` and calls :func:`wait_for_inputs` first:
-    PDL on for CUDA devices that support it (compute capability 9.0 or newer, a triton with ``launch_pdl``,
-    not the interpreter) when :data:`MODE` is nonzero, else off."""
-    if MODE and device.type == "cuda" and _supported(device.index if device.index is not None else 0):
-        return dict(PDL=MODE, launch_pdl=True)
+def pdl_options(device: torch.device, lanes: int) -> dict:
+    """Launch keywords for a build kernel over ``lanes`` lanes that takes ``PDL: tl.constexpr`` and calls
+    :func:`wait_for_inputs` first: PDL on CUDA devices that support it (compute capability 9.0 or newer, a
+    triton with ``launch_pdl``, not the interpreter), with early launches up to
+    :data:`EARLY_LAUNCH_MAX_LANES` lanes; else plain launches (``PDL=0``)."""
+    if ENABLED and device.type == "cuda" and _supported(device.index if device.index is not None else 0):
+        return dict(PDL=2 if lanes <= EARLY_LAUNCH_MAX_LANES else 1, launch_pdl=True)
     return dict(PDL=0)
 
 
 @triton.jit
 def wait_for_inputs(PDL: tl.constexpr):
-    """A build kernel's first step: with PDL, wait until the previous kernel is done and its writes are
-    visible, then (``PDL == 2``) let the next kernel's programs be scheduled."""
+    """A build kernel's first step: with PDL (``PDL >= 1``), wait until the previous kernel is done and its
+    writes are visible, then (``PDL == 2``) let the next kernel's programs be scheduled."""
     if PDL >= 1:
         gdc_wait()
     if PDL >= 2:

@@ -186,4 +186,4 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     rounds = max(1, (arcs - 1).bit_length())
     scratch = torch.empty(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
     _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
-                                 ARCS=arcs, num_warps=WARPS, **pdl_options(order.device))
+                                 ARCS=arcs, num_warps=WARPS, **pdl_options(order.device, lanes))

@@ -157,7 +157,7 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     parts_per_lane = triton.cdiv(nb, rank_rows)
     flags = torch.empty(lanes, nb, dtype=torch.int8, device=device)
     parts = torch.empty(lanes, parts_per_lane, dtype=torch.int32, device=device)
-    pdl = pdl_options(device)
+    pdl = pdl_options(device, lanes)
     _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
                                                ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)),
                                                num_warps=4, **pdl)

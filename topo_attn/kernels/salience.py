@@ -156,7 +156,7 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
                            tiles, *features_first.stride(), dist.stride(0), dist.stride(1), BLOCK=block,
                            MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
                            HOOKS=hooks, **_hook_sizes(n, tiles), UNROLL=_distance_unroll(lanes), num_warps=warps,
-                           **pdl_options(dist.device))
+                           **pdl_options(dist.device, lanes))
     return dist
 
 
@@ -615,7 +615,7 @@ def _boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     sizes = _hook_sizes(n, tiles)
     hook_warps = _hook_warps(sizes["HOOK_BLOCK"])
     skip = _skip_rounds_from(centroids)
-    pdl = pdl_options(device)
+    pdl = pdl_options(device, lanes)
     with contextlib.ExitStack() as later_rounds:
         for round in range(log_n):
             if round:  # (the distance kernel did the first round's search)
@@ -696,7 +696,7 @@ def salience_and_finite(centroids: torch.Tensor, num_warps: int | None = None, e
     if finite is None:
         finite = finite_flags(lanes, n, centroids.dtype, device)
     in_program = n <= ELDER_IN_PROGRAM if elder_in_program is None else elder_in_program
-    pdl = pdl_options(device)
+    pdl = pdl_options(device, lanes)
     rows, cols = 16, min(256, block)
     if mst is None:
         mst = choose_mst(lanes, n, centroids.dtype)

@@ -116,9 +116,10 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     schedule lives on the keys' device. ``S`` need not be a multiple of ``block_size``.
 
     Keys on a CUDA device are handled there from end to end, all lanes at once, in Triton kernels (up to
-    4096 blocks): centroids, distances, minimum spanning trees, saliences, top-k and the CSR assembly, with
-    one host sync; after the centroids the launches are replayed from a CUDA graph cached per shape
-    (:mod:`topo_attn.kernels.build`). ``dtype`` is the precision of centroids and distances: float64 (the default) gives
+    4096 blocks): centroids, distances, minimum spanning trees, saliences, top-k and the CSR assembly, the
+    host waiting only for the entry count (the schedule's tensors may still be being written when this
+    returns; like any CUDA result they are ordered on the current stream); every launch is replayed from a
+    CUDA graph cached per shape (:mod:`topo_attn.kernels.build`). ``dtype`` is the precision of centroids and distances: float64 (the default) gives
     exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
     blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
     require grad are detached: the schedule carries no gradient."""
@@ -142,8 +143,8 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     if keys.is_cuda and nb <= MAX_GPU_BLOCKS:
         from .kernels.build import build_rows  # triton is imported on first use
 
-        # NaN or Inf keys (or block sums that overflow) reach the centroids, whose finiteness is read back in
-        # the build's one host sync (the kernels stay in bounds on any input; they only read the keys, so
+        # NaN or Inf keys (or block sums that overflow) reach the centroids, whose finiteness is read back with
+        # the entry count (the kernels stay in bounds on any input; they only read the keys, so
         # keys that require grad need no detached view)
         flat = keys if keys.ndim == 3 else keys.reshape(-1, seq, keys.shape[-1])
         offsets, indices = build_rows(flat, block_size, dtype, *_clamped(nb, topk, sinks, window))

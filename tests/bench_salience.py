@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import topo_attn  # noqa: E402
-from elder_reference import all_pairs_salience  # noqa: E402
+from helpers import all_pairs_salience  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "benchmarks" / "salience_cpu.json"

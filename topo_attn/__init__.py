@@ -1,15 +1,18 @@
 """topo_attn: block-sparse causal attention whose key blocks are chosen by 0-dimensional persistent homology.
 
+Layers, each importing only the ones below it: ``_checks`` (argument checks) < ``schedule`` (the CSR type) <
+``rule`` (sinks + window + top-k) < ``attention`` (kernels, reference) and ``topology`` (persistence, the
+schedule build) < ``selection`` (quality harness) < ``bench``, ``viz``, ``demo``, ``notebooks``.
+
 Without a GPU, set ``TRITON_INTERPRET=1`` in the environment before triton is first imported (topo_attn imports
 it on the first call of ``scheduled_attention``) to run the Triton kernel in Triton's interpreter on the CPU.
 """
 
-from .attention import scheduled_attention
-from .persistence import (block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
-                          persistence_barcode, top_salient_blocks)
-from .reference import dense_masked_attention
+from .attention import dense_masked_attention, scheduled_attention
 from .schedule import BlockSchedule, ScheduleCounts, dense_causal_schedule, num_blocks
-from .topology import SOURCE_NAMES, schedule_from_salience, schedule_sources, topology_schedule
+from .topology import (SOURCE_NAMES, block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
+                       persistence_barcode, schedule_from_salience, schedule_sources, top_salient_blocks,
+                       topology_schedule)
 
 __version__ = "0.1.0"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from . import attention, reference
+from . import attention
+from ._checks import check_int
 from .schedule import BlockSchedule, dense_causal_schedule
 from .topology import topology_schedule
-from .validation import check_int
 
 __all__ = [
     "build_dense_causal_block_schedule",
@@ -63,7 +63,7 @@ def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, of
                            indices: torch.Tensor, block_size: int) -> torch.Tensor:
     """#22's reference: q, k, v ``[seq, dim]`` or ``[batch, heads, seq, dim]``, one schedule for all lanes."""
     schedule = _schedule(offsets, indices, block_size, q.shape[-2]).to(q.device)
-    return reference.dense_masked_attention(q, k, v, schedule)
+    return attention.dense_masked_attention(q, k, v, schedule)
 
 
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .persistence import persistence_barcode
+from .topology import persistence_barcode
 
 
 class BarcodeMismatchError(AssertionError):

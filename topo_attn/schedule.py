@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .validation import check_int, check_tensor
+from ._checks import AttentionShape, check_int, check_tensor
 
 
 def num_blocks(seq_len: int, block_size: int) -> int:
@@ -85,8 +85,9 @@ class BlockSchedule:
         self.validate()
 
     @classmethod
-    def _trusted(cls, offsets, indices, block_size, seq_len, lanes=None, transposed=False) -> "BlockSchedule":
-        """Build without validation, for schedules derived from an already valid one."""
+    def unchecked(cls, offsets, indices, block_size, seq_len, lanes=None, transposed=False) -> "BlockSchedule":
+        """Build without validation, for CSR tensors already known to be valid (derived from a valid schedule, or
+        built by a rule that guarantees sorted, unique, causal, non-empty rows). Skips the checks' host syncs."""
         schedule = object.__new__(cls)
         for name, value in (("offsets", offsets), ("indices", indices), ("block_size", block_size),
                             ("seq_len", seq_len), ("lanes", lanes), ("transposed", transposed)):
@@ -120,7 +121,7 @@ class BlockSchedule:
     def is_shared(self) -> bool:
         return self.lanes is None
 
-    def _row_ids(self) -> torch.Tensor:
+    def row_ids(self) -> torch.Tensor:
         """Row id (int64) of every entry, ``[nnz]``."""
         rows = torch.arange(self.num_rows, device=self.device)
         return torch.repeat_interleave(rows, (self.offsets[1:] - self.offsets[:-1]).long(),
@@ -174,7 +175,7 @@ class BlockSchedule:
             raise ValueError(f"indices must be >= 0, got {low}")
         if high >= nb:
             raise ValueError(f"indices must be < num_blocks = {nb}, got {high}")
-        row_ids = self._row_ids()
+        row_ids = self.row_ids()
         row_block = row_ids % nb
         bad = indices < row_block if self.transposed else indices > row_block
         if bool(bad.any()):
@@ -227,7 +228,7 @@ class BlockSchedule:
         """Bool ``[n, n]`` (shared) or ``[B, H, n, n]``; ``mask[..., row, index]`` is True for every entry."""
         nb = self.num_blocks
         mask = torch.zeros(self.num_rows, nb, dtype=torch.bool, device=self.device)
-        mask[self._row_ids(), self.indices.long()] = True
+        mask[self.row_ids(), self.indices.long()] = True
         return mask.view(nb, nb) if self.lanes is None else mask.view(*self.lanes, nb, nb)
 
     def to_token_mask(self, rows: slice | None = None) -> torch.Tensor:
@@ -250,7 +251,7 @@ class BlockSchedule:
 
     def to(self, device: torch.device | str) -> "BlockSchedule":
         """The same schedule with its tensors on ``device``."""
-        return BlockSchedule._trusted(self.offsets.to(device), self.indices.to(device), self.block_size,
+        return BlockSchedule.unchecked(self.offsets.to(device), self.indices.to(device), self.block_size,
                                       self.seq_len, self.lanes, self.transposed)
 
     def transpose(self) -> "BlockSchedule":
@@ -258,7 +259,7 @@ class BlockSchedule:
         ``c`` (what a backward pass walks for dK/dV). Rows may be empty. Transposing twice gives back the
         row schedule."""
         nb, rows = self.num_blocks, self.num_rows
-        row_ids = self._row_ids()
+        row_ids = self.row_ids()
         lane_base = row_ids - row_ids % nb
         new_rows = lane_base + self.indices.long()
         order = torch.argsort(new_rows * nb + row_ids % nb)
@@ -268,7 +269,7 @@ class BlockSchedule:
         offsets = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(counts, dim=0, out=offsets[1:])
         indices = (row_ids % nb)[order].to(torch.int32)
-        return BlockSchedule._trusted(offsets, indices, self.block_size, self.seq_len, self.lanes,
+        return BlockSchedule.unchecked(offsets, indices, self.block_size, self.seq_len, self.lanes,
                                       not self.transposed)
 
     def to_flex_block_mask(self):
@@ -336,3 +337,28 @@ def dense_causal_schedule(seq_len: int, block_size: int, device: torch.device | 
     offsets = (rows * (rows + 1) // 2).to(torch.int32)
     indices = torch.tril_indices(nb, nb, device=device)[1].to(torch.int32)
     return BlockSchedule(offsets, indices, block_size, seq_len)
+
+
+def check_schedule_for(schedule: object, shape: AttentionShape, device: torch.device) -> BlockSchedule:
+    """The schedule must be a row (not transposed) ``BlockSchedule`` built for this sequence length and
+    these lanes, on the same device as ``q``."""
+    if not isinstance(schedule, BlockSchedule):
+        raise TypeError(f"schedule must be a topo_attn.BlockSchedule, got {type(schedule).__name__}")
+    if schedule.transposed:
+        raise ValueError("schedule is transposed (rows are key blocks); pass the row schedule, not schedule.transpose()")
+    if schedule.seq_len != shape.seq_len:
+        raise ValueError(
+            f"schedule was built for seq_len={schedule.seq_len} (block_size={schedule.block_size}), "
+            f"but q has sequence length {shape.seq_len}"
+        )
+    if schedule.lanes is not None and schedule.lanes != shape.lanes:
+        raise ValueError(
+            f"schedule holds one row-set per lane for lanes (B, H) = {schedule.lanes}, "
+            f"but q has (B, H) = {shape.lanes}"
+        )
+    if schedule.device != device:
+        raise ValueError(
+            f"schedule is on {schedule.device} but q is on {device}; they must be on the same device "
+            f"(use schedule.to(q.device))"
+        )
+    return schedule

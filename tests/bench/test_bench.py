@@ -1,0 +1,133 @@
+"""The benchmark runner's CPU-side pieces: work counted in visited token pairs, suites, the table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import topo_attn as ta
+from topo_attn.bench.runner import SUITES, _visited_pairs, main, markdown
+
+
+@pytest.mark.parametrize("seq_len,block_size", [(100, 16), (128, 32), (97, 64), (300, 32)])
+def test_visited_pairs_count_the_token_mask(seq_len, block_size):
+    assert _visited_pairs(ta.dense_causal_schedule(seq_len, block_size)) == seq_len * (seq_len + 1) // 2
+    keys = torch.randn(seq_len, 8, generator=torch.Generator().manual_seed(seq_len))
+    schedule = ta.topology_schedule(keys, block_size, window=0, sinks=1, topk=1)
+    assert _visited_pairs(schedule) == int(schedule.to_token_mask().sum())
+
+
+def test_suites_cover_the_issue_cases():
+    pr = SUITES["pr"]
+    assert [c.seq_len for c in pr] == [1024, 2048, 4096]
+    assert all(c.heads == 1 and c.head_dim == 64 and c.block_size == 64 and c.dtype == "float16" for c in pr)
+    llm = SUITES["llm"]
+    assert {(c.seq_len, c.block_size) for c in llm if c.heads == 32 and c.batch == 1 and c.kv_heads == 32} == {
+        (s, b) for s in (4096, 16384, 32768, 65536) for b in (64, 128)}
+    assert any(c.kv_heads == 8 and c.heads == 32 for c in llm)
+    assert any(c.batch == 4 and c.seq_len == 8192 for c in llm)
+    assert any(c.head_dim == 64 and c.heads == 16 for c in llm)
+
+
+def test_markdown_rows():
+    row = dict(case="B1 H32 S16k D128 b128", seq_len=16384, scheduled_blocks=1554, causal_blocks=8256,
+               block_reduction=0.81, dense_masked_ms=1.0, sdpa_ms=3.85, ours_ms=1.04, dense_csr_ms=5.2,
+               flex_ms=1.23, limit_ms=0.72, sdpa_tflops=572.0, ours_tflops=400.0, flex_tflops=340.0,
+               ours_vs_sdpa_tflops=0.7, flex_over_ours_time=1.18, dense_csr_over_sdpa_time=1.35, build_ms=15.0,
+               max_abs_error=6e-4)
+    table = markdown([row], "llm")
+    assert "| B1 H32 S16k D128 b128 | 1554 / 8256 | 3.850 (572) | 1.040 (400) |" in table
+    pr = markdown([row], "pr")
+    assert pr.splitlines()[0].startswith("| seq | scheduled / dense blocks") and "| 16384 | 1554 / 8256 |" in pr
+    assert not math.isnan(row["ours_tflops"])
+
+
+def test_runner_needs_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this checks the message on machines without CUDA")
+    assert main(["--suite", "pr"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_train_suite_cases():
+    from topo_attn.bench.train import BACKWARD_WORK
+
+    train = SUITES["train"]
+    assert {(c.seq_len, c.block_size) for c in train if c.kv_heads == c.heads} == {
+        (s, b) for s in (16384, 32768) for b in (64, 128)}
+    assert all(c.batch == 1 and c.heads == 32 and c.head_dim == 128 and c.dtype == "bfloat16" for c in train)
+    assert any(c.kv_heads < c.heads for c in train)
+    assert BACKWARD_WORK == 2.5
+
+
+def test_train_markdown_rows():
+    from topo_attn.bench.train import TRAIN_COLUMNS, train_markdown
+
+    row = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
+               sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0, flex_bwd_tflops=195.0,
+               ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0, ours_step_ms=2.9,
+               flex_step_ms=5.5, max_grad_rel_error=4e-3)
+    table = train_markdown([row]).splitlines()
+    assert table[0] == "| " + " | ".join(TRAIN_COLUMNS) + " |"
+    assert table[2] == ("| B1 H32 S16k D128 b64 | 4670 / 32896 | 10.000 (550) | 2.000 (390) | 4.000 (195) | 0.71 | "
+                        "2.00x | 14.000 / 2.900 / 5.500 | 4.0e-03 |")
+
+
+def test_train_timing_helpers_on_the_interpreter(device):
+    """The pieces of a train case that need no GPU: backward and forward + backward timed with gradients reset
+    (a stand-in timer calls each function twice), and the gradient check on the first kv head's group."""
+    from topo_attn.bench.train import _backward_and_step_ms, _max_grad_error
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 96, 16, generator=gen).to(device).requires_grad_()
+    k, v = (torch.randn(1, 2, 96, 16, generator=gen).to(device).requires_grad_() for _ in range(2))
+    d_out = torch.randn(1, 4, 96, 16, generator=gen).to(device)
+    schedule = ta.topology_schedule(k.detach(), 32, window=1, sinks=1, topk=1, shared_lane=(0, 0))
+    ours = lambda q, k, v: ta.scheduled_attention(q, k, v, schedule)  # noqa: E731
+    calls = []
+
+    def twice(fn):
+        fn()
+        fn()
+        calls.append(q.grad.clone())
+        return 1.0
+
+    ours(q, k, v).backward(d_out)
+    once = q.grad.clone()
+    assert _backward_and_step_ms(ours, q, k, v, d_out, twice) == (1.0, 1.0)
+    assert len(calls) == 2 and all(torch.equal(c, once) for c in calls)  # reset, not accumulated
+    assert _max_grad_error(q, k, v, d_out, schedule) < 1e-4
+    q.grad = q.grad * 1.1
+    assert 0.05 < _max_grad_error(q, k, v, d_out, schedule) < 0.2
+
+
+def test_select_suite_rows_on_a_small_input(device):
+    """The select suite's rows on a tiny real-shaped input (timer stubbed: it only calls the function):
+    every selector at every budget, finite metrics, the oracle's recall the highest at equal budget, and
+    the dense-budget rows identical in blocks per row."""
+    from topo_attn.selection import quality
+    from topo_attn.bench.runner import Case
+    from topo_attn.bench.select import run_select_case, select_markdown
+
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 96, 16, generator=gen).to(torch.float16) for _ in range(3))
+    calls = []
+
+    def timer(fn):
+        calls.append(fn())
+        return 1.5
+
+    case = Case("tiny", 1, 2, 2, 96, 16, 16, "float16")
+    rows = run_select_case(case, timer, budgets=(1, 2), device=device, qkv=(q, k, v, {"model": "random",
+                                                                                        "layers": [0]}))
+    assert {(r["selector"], r["budget"]) for r in rows} == {(s, b) for s in quality.SELECTORS for b in (1, 2)}
+    for budget in (1, 2):
+        at = {r["selector"]: r for r in rows if r["budget"] == budget}
+        equal = [r for name, r in at.items() if name not in ("topology_22", "window")]
+        assert len({round(r["blocks_per_row"], 9) for r in equal}) == 1
+        assert all(at["oracle"]["recall"] >= r["recall"] - 1e-12 for r in at.values())
+        assert all(0 < r["recall"] <= 1 + 1e-12 and r["total_ms"] == 3.0 for r in at.values())
+    assert len(calls) == 1 + 2 * len(rows)  # SDPA once, then each build and attention
+    assert select_markdown(rows).count("\n") == len(rows) + 1

@@ -1,0 +1,128 @@
+"""Helpers shared by the tests (importable as ``helpers``: ``tests/`` is on pytest's path).
+
+Kernel tests: random inputs, random valid schedules and the per-dtype error bound.
+
+Topology tests: slow, obviously-correct references for #22's elder-rule salience and its schedule loop.
+Both are written straight from the rules, with no cleverness, so the package's fast versions (a minimum
+spanning tree by Prim, a vectorised schedule) can be checked against them. The distances come from
+``topo_attn.centroid_distances`` (the package's one distance function), so a comparison tests the
+algorithm and not float rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import topo_attn as ta
+
+# Error bound per dtype: a few units of the dtype's rounding (output and P are rounded to it), fp32 tight.
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}
+
+
+def inputs(shape_q, shape_kv, dtype, device, seed):
+    """Fresh random ``q, k, v`` (``torch.randn``, drawn on the CPU so every device sees the same values)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=gen).to(device, dtype)
+    k = torch.randn(shape_kv, generator=gen).to(device, dtype)
+    v = torch.randn(shape_kv, generator=gen).to(device, dtype)
+    return q, k, v
+
+
+def random_schedule(gen: torch.Generator, seq_len: int, block_size: int, lanes=None, density: float = 0.4,
+                    diagonal: bool | None = None, device="cpu") -> ta.BlockSchedule:
+    """A random valid schedule: random causal blocks, at least one per row; the diagonal is present in some
+    rows and absent in others unless ``diagonal`` says otherwise."""
+    n = ta.num_blocks(seq_len, block_size)
+    shape = (n, n) if lanes is None else (*lanes, n, n)
+    mask = (torch.rand(shape, generator=gen) < density).tril()
+    eye = torch.eye(n, dtype=torch.bool)
+    if diagonal is True:
+        mask |= eye
+    elif diagonal is False:
+        mask &= ~eye
+        mask[..., 0, 0] = True  # row 0 can only hold block 0
+    empty = ~mask.any(-1)  # rows left empty get one random causal block
+    pick = (torch.rand(shape[:-1], generator=gen) * (torch.arange(n) + 1)).long()
+    mask |= empty[..., None] & (torch.arange(n) == pick[..., None])
+    return ta.BlockSchedule.from_block_mask(mask, block_size, seq_len).to(device)
+
+
+def all_pairs_salience(dist: np.ndarray) -> np.ndarray:
+    """#22's elder-rule salience from a symmetric distance matrix ``[n, n]``.
+
+    All pairs ``(d, i, j)`` with ``i < j`` are sorted by ``(d, i, j)``. Union-find with member sets: when an
+    edge joins two components, every block of the smaller one (equal sizes: the one holding ``i``) gets
+    salience ``d``, overwriting earlier values; then they merge. Never written: 0. One block: 1."""
+    n = dist.shape[0]
+    if n == 1:
+        return np.ones(1)
+    pairs = [(float(dist[i, j]), i, j) for i in range(n) for j in range(i + 1, n)]
+    pairs.sort()
+    salience = [0.0] * n
+    owner = list(range(n))  # owner[b]: id of the component holding block b
+    members = {b: {b} for b in range(n)}  # component id -> its blocks
+    for d, i, j in pairs:
+        ci, cj = owner[i], owner[j]
+        if ci == cj:
+            continue
+        if len(members[ci]) <= len(members[cj]):
+            small, large = ci, cj
+        else:
+            small, large = cj, ci
+        for b in members[small]:
+            salience[b] = d
+            owner[b] = large
+        members[large] |= members.pop(small)
+    return np.array(salience, dtype=np.float64)
+
+
+def kruskal_merges(dist: np.ndarray) -> list[tuple[int, int, float]]:
+    """The edges ``(i, j, d)`` along which Kruskal over all pairs sorted by ``(d, i, j)`` merges two
+    components, in merge order (plain union-find with member sets)."""
+    n = dist.shape[0]
+    pairs = sorted((float(dist[i, j]), i, j) for i in range(n) for j in range(i + 1, n))
+    owner = list(range(n))
+    members = {b: {b} for b in range(n)}
+    merges = []
+    for d, i, j in pairs:
+        ci, cj = owner[i], owner[j]
+        if ci == cj:
+            continue
+        merges.append((i, j, d))
+        for b in members[cj]:
+            owner[b] = ci
+        members[ci] |= members.pop(cj)
+    return merges
+
+
+def _top_blocks(salience: list[float], topk: int) -> list[int]:
+    """The ``topk`` most salient blocks; ties go to the lower block index."""
+    ranked = sorted(range(len(salience)), key=lambda b: (-salience[b], b))
+    return ranked[:topk]
+
+
+def loop_schedule(salience_1d: np.ndarray, nb: int, window: int, sinks: int,
+                  topk: int) -> tuple[list[int], list[int]]:
+    """#22's per-row loop: for each query block ``qb``, the set of sinks ``0..sinks-1``, the window
+    ``max(0, qb-window)..qb`` and the global top-k salient blocks that are ``<= qb``, sorted.
+
+    Returns CSR ``(offsets, indices)`` as plain lists."""
+    salience = [float(s) for s in salience_1d]
+    assert len(salience) == nb
+    top = _top_blocks(salience, topk)
+    offsets, indices = [0], []
+    for qb in range(nb):
+        chosen: set[int] = set()
+        for s in range(sinks):
+            if s <= qb:
+                chosen.add(s)
+        for k in range(max(0, qb - window), qb + 1):
+            chosen.add(k)
+        for b in top:
+            if b <= qb:
+                chosen.add(b)
+        row = sorted(chosen)
+        indices.extend(row)
+        offsets.append(len(indices))
+    return offsets, indices

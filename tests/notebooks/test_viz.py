@@ -1,0 +1,245 @@
+"""Figures (topo_attn.viz) and the schedule explorer (topo_attn.widgets), built headless with Agg."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.collections import LineCollection, PathCollection  # noqa: E402
+from matplotlib.text import Annotation  # noqa: E402
+
+import topo_attn as ta  # noqa: E402
+from topo_attn import viz  # noqa: E402
+from topo_attn.samples import clustered_keys  # noqa: E402
+from topo_attn.topology import SINK, SKIPPED, TOPOLOGY, WINDOW  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def centroids_of(n: int, dim: int = 16, block_size: int = 16, seed: int = 0) -> torch.Tensor:
+    return ta.block_centroids(clustered_keys(n * block_size, dim, block_size, seed=seed), block_size)
+
+
+def legend_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+# ------------------------------------------------------------------------------------------- centroids
+def test_plot_centroids_draws_blocks_tree_and_top_k():
+    c = centroids_of(20)
+    sal = ta.block_salience(c)
+    ax = viz.plot_centroids(c, sal, topk=3)
+    scatters = [a for a in ax.collections if isinstance(a, PathCollection)]
+    points, rings = scatters
+    assert len(points.get_offsets()) == 20 and len(rings.get_offsets()) == 3
+    np.testing.assert_array_equal(points.get_array(), np.arange(20))  # coloured by block index
+    sizes = points.get_sizes()
+    assert np.argmax(sizes) == int(torch.argmax(sal))  # sized by salience
+    tree = [a for a in ax.collections if isinstance(a, LineCollection)]
+    assert len(tree) == 1 and len(tree[0].get_segments()) == 19  # n - 1 tree edges
+    top = ta.top_salient_blocks(sal, 3).tolist()
+    assert {t.get_text() for t in ax.texts} == {f"block {b}" for b in top}
+    assert "principal axis 1" in ax.get_xlabel() and "principal axis 2" in ax.get_ylabel()
+    assert legend_labels(ax) == ["minimum-spanning-tree edge", "top-3 salient"]
+    assert ax.figure.axes[1].get_ylabel() == "block index"  # the colour bar
+
+
+def test_plot_centroids_computes_salience_and_handles_one_dimension():
+    c = torch.tensor([[0.0], [1.0], [10.0], [11.0]], dtype=torch.float64)
+    ax = viz.plot_centroids(c, topk=1)
+    assert [t.get_text() for t in ax.texts] == ["block 0"]  # salience 9, 9, 1, 0: ties to the lower index
+
+
+def test_plot_salience_marks_top_k():
+    sal = torch.tensor([1.0, 5.0, 2.0, 5.0, 0.0], dtype=torch.float64)
+    ax = viz.plot_salience(sal, topk=2)
+    bars = ax.containers[0]
+    assert len(bars) == 5
+    red = [i for i, bar in enumerate(bars) if bar.get_facecolor()[:3] == matplotlib.colors.to_rgb(viz.TOP_COLOR)]
+    assert red == [1, 3]
+    assert ax.get_xlabel() == "key block" and "salience" in ax.get_ylabel()
+
+
+# ------------------------------------------------------------------------------------ barcode, diagram
+@pytest.mark.parametrize("n", [1, 2, 16, 300])
+def test_plot_barcode_gudhi_conventions(n):
+    c = centroids_of(n, seed=n)
+    bars = ta.persistence_barcode(c)
+    ax = viz.plot_barcode(bars[::-1])  # any order in; drawn sorted by death
+    drawn = ax.containers[0]
+    assert len(drawn) == n  # one bar per block
+    ends = [r.get_x() + r.get_width() for r in drawn]
+    assert ends == sorted(ends)  # sorted by death, shortest first (drawn on top)
+    assert ax.yaxis_inverted()
+    arrows = [t for t in ax.texts if isinstance(t, Annotation) and t.arrow_patch is not None]
+    assert len(arrows) == 1  # the infinite bar
+    assert arrows[0].xy[0] == pytest.approx(ends[-1]) and arrows[0].xy[1] == n - 1
+    assert ends[-1] > max([b for b in bars[:, 1] if math.isfinite(b)], default=0)
+    assert ax.get_xlabel() == "H0, Rips edge length"
+    assert legend_labels(ax) == ["H0"] and "barcode" in ax.get_title().lower()
+
+
+def test_plot_persistence_diagram_has_diagonal_and_infinity():
+    c = centroids_of(12)
+    bars = ta.persistence_barcode(c)
+    ax = viz.plot_persistence_diagram(bars)
+    diagonal = ax.lines[0]
+    x, y = diagonal.get_data()
+    assert np.allclose(x, y) and diagonal.get_label() == "diagonal"
+    finite, infinite = [a for a in ax.collections if isinstance(a, PathCollection)]
+    assert len(finite.get_offsets()) == 11 and len(infinite.get_offsets()) == 1
+    np.testing.assert_allclose(np.sort(finite.get_offsets()[:, 1]), bars[:-1, 1])
+    assert infinite.get_offsets()[0, 1] > bars[-2, 1]
+    assert ax.get_yticklabels()[-1].get_text() == "+\u221e"
+    assert "H0, Rips edge length" in ax.get_xlabel() and "H0, Rips edge length" in ax.get_ylabel()
+    assert legend_labels(ax) == ["diagonal", "H0", "H0, infinite bar"]
+
+
+# -------------------------------------------------------------------------------------------- schedule
+@pytest.mark.parametrize("nb", [8, 100, 1024])
+def test_plot_schedule_image_and_colours(nb):
+    block_size, seq_len = 16, nb * 16 - 5
+    sal = torch.rand(nb, generator=torch.Generator().manual_seed(nb), dtype=torch.float64)
+    schedule = ta.schedule_from_salience(sal, block_size, seq_len, window=2, sinks=1, topk=4)
+    sources = ta.schedule_sources(sal, block_size, seq_len, window=2, sinks=1, topk=4)
+    ax = viz.plot_schedule(schedule, sources)
+    image = ax.images[0].get_array()
+    assert image.shape == (nb, nb)  # one pixel per block pair, however many blocks
+    labels = sources.numpy()
+    mask = schedule.to_block_mask().numpy()
+    np.testing.assert_array_equal(image[mask], labels[mask])
+    assert (image[np.triu(np.ones((nb, nb), dtype=bool), 1)] == viz.NOT_CAUSAL).all()
+    assert (image[np.tril(~mask)] == SKIPPED).all()
+    assert {SINK, WINDOW, TOPOLOGY} <= set(np.unique(image))
+    colours = {tuple(ax.images[0].cmap(ax.images[0].norm(c))[:3]) for c in (SINK, WINDOW, TOPOLOGY, SKIPPED)}
+    assert len(colours) == 4  # distinct colours
+    assert str(schedule.counts()) in ax.get_title()
+    assert legend_labels(ax) == ["sink", "window", "topology", "skipped (causal)"]
+    assert ax.get_xlabel() == "key block" and ax.get_ylabel() == "query block"
+
+
+def test_plot_schedule_without_sources_and_per_lane():
+    keys = torch.randn(2, 3, 200, 16, generator=torch.Generator().manual_seed(0))
+    schedule = ta.topology_schedule(keys, 32, window=1, sinks=1, topk=2)
+    ax = viz.plot_schedule(schedule, lane=(1, 2))
+    lane_mask = schedule.to_block_mask()[1, 2].numpy()
+    assert (ax.images[0].get_array()[lane_mask] == viz.SCHEDULED).all()
+    lane_counts = ta.BlockSchedule.from_block_mask(schedule.to_block_mask()[1, 2], 32, 200).counts()
+    assert str(lane_counts) in ax.get_title()
+    assert legend_labels(ax) == ["scheduled", "skipped (causal)"]
+    sal = ta.block_salience(ta.block_centroids(keys, 32))
+    sources = ta.schedule_sources(sal, 32, 200, 1, 1, 2)  # [2, 3, n, n]: the plotted lane is taken
+    ax = viz.plot_schedule(schedule, sources, lane=(1, 2))
+    np.testing.assert_array_equal(ax.images[0].get_array()[lane_mask], sources[1, 2].numpy()[lane_mask])
+
+
+def test_plot_schedule_rejects_sources_of_another_schedule():
+    sal = torch.rand(10, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    schedule = ta.schedule_from_salience(sal, 16, 160, window=1, sinks=1, topk=2)
+    with pytest.raises(ValueError, match="does not label exactly"):
+        viz.plot_schedule(schedule, ta.schedule_sources(sal, 16, 160, window=2, sinks=1, topk=2))
+    with pytest.raises(ValueError, match="shape"):
+        viz.plot_schedule(schedule, torch.zeros(9, 9, dtype=torch.int8))
+
+
+# ------------------------------------------------------------------------------------------- benchmark
+def bench_rows() -> list[dict]:
+    rows = []
+    for block in (64, 128):
+        for seq in (4096, 16384, 32768):
+            rows.append(dict(case=f"S{seq} b{block}", cfg_name=f"S{seq} b{block}", cfg_seq_len=seq,
+                             cfg_block_size=block, cfg_heads=32, seq_len=seq, ours_ms=seq / 8000,
+                             sdpa_ms=seq / 4000, flex_ms=float("nan") if seq == 4096 else seq / 6000,
+                             limit_ms=seq / 20000, ours_tflops=100.0, sdpa_tflops=500.0,
+                             flex_tflops=float("nan") if seq == 4096 else 200.0))
+    return rows
+
+
+def test_plot_benchmark_panels_lines_and_limit():
+    fig = viz.plot_benchmark(bench_rows(), title="NVIDIA H200, torch 2.11, triton 3.6")
+    axes = fig.axes
+    assert len(axes) == 4  # two series (block 64, 128) x (time, TFLOP/s)
+    time_ax, rate_ax = axes[0], axes[1]
+    assert time_ax.get_title() == "time: block_size=64" and rate_ax.get_title() == "throughput: block_size=64"
+    labels = [line.get_label() for line in time_ax.lines]
+    assert labels == ["topo_attn (ours)", "SDPA, dense causal", "FlexAttention, same mask",
+                      "limit: SDPA x visited fraction"]
+    assert [line.get_label() for line in rate_ax.lines] == labels[:3]
+    flex = time_ax.lines[2]
+    assert list(flex.get_xdata()) == [16384, 32768]  # the NaN point is left out
+    np.testing.assert_allclose(time_ax.lines[3].get_ydata(), [4096 / 20000, 16384 / 20000, 32768 / 20000])
+    assert time_ax.get_xscale() == "log" and time_ax.get_yscale() == "log"
+    assert time_ax.get_xlabel() == "sequence length (tokens)" and "TFLOP/s" in rate_ax.get_ylabel()
+    assert "NVIDIA H200" in fig._suptitle.get_text() and "heads=32" in fig._suptitle.get_text()
+
+
+def test_plot_benchmark_accepts_a_dataframe_and_plain_rows():
+    pd = pytest.importorskip("pandas")
+    rows = [{k: v for k, v in r.items() if not k.startswith("cfg_")} for r in bench_rows()[:3]]
+    fig = viz.plot_benchmark(pd.DataFrame(rows))
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines[0].get_xdata()) == 3  # one series over length
+    with pytest.raises(ValueError, match="empty"):
+        viz.plot_benchmark([])
+
+
+# -------------------------------------------------------------------------------------------- explorer
+def test_explorer_update_follows_the_widgets():
+    from topo_attn.viz import ScheduleExplorer
+
+    key_sets = {"a": clustered_keys(512, 16, 32, seed=0), "b": clustered_keys(1000, 16, 32, outlier_blocks=4, seed=1)}
+    explorer = ScheduleExplorer(key_sets, key_set="a", block_size=32, sinks=1, window=1, topk=2)
+    first_counts, first_stats = explorer.counts, explorer.stats.value
+    first_image = explorer.figure.axes[0].images[0].get_array().copy()
+    assert first_counts == explorer.schedule.counts() and str(first_counts) in first_stats
+    assert first_image.shape == (16, 16)
+
+    explorer.topk.value = 6  # a slider change redraws
+    assert explorer.counts.scheduled_blocks > first_counts.scheduled_blocks
+    assert explorer.stats.value != first_stats
+    assert not np.array_equal(explorer.figure.axes[0].images[0].get_array(), first_image)
+    assert torch.equal(explorer.sources > 0, explorer.schedule.to_block_mask())
+
+    explorer.window.value = 0
+    explorer.sinks.value = 0
+    assert explorer.counts == ta.topology_schedule(key_sets["a"], 32, 0, 0, 6).counts()
+
+    explorer.block_size.value = 16  # more blocks: the image and the slider ranges follow
+    assert explorer.figure.axes[0].images[0].get_array().shape == (32, 32)
+    assert explorer.topk.max == 32 and explorer.window.max == 31
+
+    explorer.key_set.value = "b"
+    assert explorer.schedule.seq_len == 1000 and explorer.figure.axes[0].images[0].get_array().shape == (63, 63)
+    assert "<b>b</b>" in explorer.stats.value
+
+    explorer.block_size.value = 128  # 8 blocks: top-k 6 still fits, window clamps to the range
+    assert explorer.topk.max == 8 and explorer.counts == explorer.update()
+
+
+def test_explorer_needs_key_sets():
+    from topo_attn.viz import ScheduleExplorer
+
+    with pytest.raises(ValueError, match="key_sets"):
+        ScheduleExplorer({})
+
+
+def test_plot_recall_vs_time_lines_per_selector():
+    rows = [dict(selector=s, budget=b, recall=0.5 + 0.1 * b + (0.05 if s == "oracle" else 0), total_ms=0.1 * b,
+                 sdpa_ms=0.3) for s in ("centroid", "oracle") for b in (1, 2, 4)]
+    fig = viz.plot_recall_vs_time(rows, title="t")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"centroid", "oracle", "SDPA (dense causal)"}
+    assert list(lines["oracle"].get_xdata()) == [0.1, 0.2, 0.4] and ax.get_xscale() == "log"
+    with pytest.raises(ValueError, match="empty"):
+        viz.plot_recall_vs_time([])

@@ -1,0 +1,7 @@
+"""Scheduled attention: the autograd function over the Triton kernels (``forward``, ``backward``) and the float64
+reference (``reference``) that defines what it computes. Triton is imported on the first kernel call, not here."""
+
+from .reference import dense_masked_attention
+from .scheduled import scheduled_attention
+
+__all__ = ["dense_masked_attention", "scheduled_attention"]

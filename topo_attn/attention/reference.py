@@ -1,0 +1,32 @@
+"""``dense_masked_attention``: the torch reference that defines what scheduled attention computes."""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_qkv, check_scale
+from ..schedule import BlockSchedule, check_schedule_for
+
+
+def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
+                           scale: float | None = None, return_lse: bool = False, rows: slice | None = None):
+    """Softmax attention restricted to the schedule's token mask (:meth:`BlockSchedule.to_token_mask`).
+
+    q: ``[S, D]`` or ``[B, H, S, D]``; k, v: ``[S, D]`` or ``[B, H_kv, S, D]`` (GQA when ``H_kv < H``), any
+    floating dtype (float64 for a reference). Computed in the inputs' dtype with ``O(S^2)`` memory.
+    Returns the output in the inputs' shape and dtype and, with ``return_lse``, the natural-log
+    log-sum-exp of the scaled scores per query, ``[S]`` or ``[B, H, S]``. ``rows`` computes only those
+    query rows (``[..., len(rows), D]``), so long sequences can be checked on a sample."""
+    shape = check_qkv(q, k, v)
+    check_schedule_for(schedule, shape, q.device)
+    scale = check_scale(scale, shape.head_dim)
+    if shape.rank == 4 and shape.kv_heads != shape.heads:
+        group = shape.heads // shape.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if rows is not None:
+        q = q[..., rows, :]
+    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~schedule.to_token_mask(rows), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.softmax(scores, dim=-1) @ v
+    return (out, lse) if return_lse else out

@@ -1,0 +1,75 @@
+"""``scheduled_attention``: causal attention that visits only the scheduled key blocks, differentiable
+w.r.t. q, k and v."""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .._checks import check_kernel_inputs, check_qkv, check_scale
+from ..schedule import BlockSchedule, check_schedule_for
+
+
+class _ScheduledAttention(torch.autograd.Function):
+    """Forward and backward Triton kernels on validated ``[B, H, S, D]`` inputs. The forward saves
+    ``q, k, v, out`` and the log-sum-exp; the backward recomputes the probabilities from them. The
+    log-sum-exp output is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float):
+        from . import forward  # triton is imported on first use
+
+        out, lse = forward.scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices,
+                                                       schedule.block_size, schedule.is_shared, scale, True)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.schedule, ctx.scale = schedule, scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @once_differentiable  # a second derivative raises instead of silently giving a wrong one
+    def backward(ctx, d_out, _d_lse):
+        from . import backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward.scheduled_attention_backward(d_out, q, k, v, out, lse, ctx.schedule, ctx.scale,
+                                                           needs=tuple(ctx.needs_input_grad[:3]))
+        return dq, dk, dv, None, None
+
+
+def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
+                        scale: float | None = None, return_lse: bool = False):
+    """Causal softmax attention over the key blocks that ``schedule`` lists for each query block, computed
+    by Triton kernels (on CUDA, or in Triton's interpreter on the CPU when ``TRITON_INTERPRET=1`` was set
+    before triton was imported).
+
+    q: ``[S, D]`` or ``[B, H, S, D]`` (float16 | bfloat16 | float32); k, v: ``[S, D]`` or
+    ``[B, H_kv, S, D]`` with ``H % H_kv == 0`` (grouped-query attention); D in {16, 32, 64, 128, 256}; any
+    S. schedule: a :class:`BlockSchedule` for sequence length S, shared or with lanes ``(B, H)``, on q's
+    device, block size a power of two >= 16. scale: defaults to ``1 / sqrt(D)``.
+
+    Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
+    log, float32, ``[S]`` or ``[B, H, S]``). Equal to :func:`dense_masked_attention` up to rounding.
+
+    Differentiable w.r.t. q, k and v (a Triton backward pass; gradients come back in the inputs' shapes and
+    dtypes, deterministic bit for bit). The schedule carries no gradient, and the returned log-sum-exp is
+    not differentiable (it is marked so: backpropagating through it alone raises). Second derivatives are
+    not supported and raise."""
+    from .forward import INTERPRETED  # triton is imported on first use
+
+    shape = check_qkv(q, k, v)
+    check_schedule_for(schedule, shape, q.device)
+    scale = check_scale(scale, shape.head_dim)
+    check_kernel_inputs(q, k, v, shape, schedule, INTERPRETED)
+    if shape.rank == 2:
+        q, k, v = q[None, None], k[None, None], v[None, None]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale)
+    else:
+        from . import forward
+
+        out, lse = forward.scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices,
+                                                       schedule.block_size, schedule.is_shared, scale, return_lse)
+    if shape.rank == 2:
+        out, lse = out[0, 0], (lse[0, 0] if lse is not None else None)
+    return (out, lse) if return_lse else out

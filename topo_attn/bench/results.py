@@ -1,0 +1,147 @@
+"""Reading the kernel benchmark results in ``data/benchmarks/`` (pandas is imported here, on use).
+
+A kernel result is a JSON file whose top level has ``suite``, ``gpu``, ``torch``, ``triton``, ``command`` and
+``rows``: a list of dicts with at least ``case``, ``seq_len``, ``{ours,sdpa,flex}_ms``, ``limit_ms`` and
+``{ours,sdpa,flex}_tflops``. They are written by the benchmark runner, ``python -m topo_attn.bench``, on a
+GPU. JSON files without ``rows`` (such as the CPU salience benchmark, ``salience_cpu.json``) are other
+results, read separately.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "data" / "benchmarks"  # committed results
+MEASURED_DIR = ROOT / "build" / "benchmarks"  # results measured by a notebook run (not committed)
+RUNNER = "topo_attn.bench"
+HEADER_KEYS = ("suite", "gpu", "torch", "triton", "command", "rows")
+ROW_KEYS = ("case", "seq_len", "ours_ms", "sdpa_ms", "flex_ms", "limit_ms", "ours_tflops", "sdpa_tflops",
+            "flex_tflops")
+TABLE_EXTRAS = ("scheduled_blocks", "causal_blocks", "visited_fraction", "build_ms", "max_abs_error")
+KERNEL_SUITES = ("pr", "llm")  # suites whose rows time one attention kernel against SDPA and FlexAttention
+
+
+@dataclass(frozen=True)
+class KernelBenchmark:
+    """One results file: where it is, what ran it, and its rows."""
+
+    path: Path
+    suite: str
+    gpu: str
+    torch: str
+    triton: str
+    command: str
+    rows: list[dict]
+
+    def describe(self) -> str:
+        """One Markdown line naming the suite, the GPU, the versions and the command."""
+        path = self.path.resolve()
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        return (f"suite **{self.suite}** on **{self.gpu}**, torch {self.torch}, triton {self.triton}: "
+                f"`{self.command}` ({len(self.rows)} rows, `{shown}`)")
+
+    def table(self, all_columns: bool = False):
+        """The rows as a pandas DataFrame: the required columns, then those of ``scheduled_blocks``,
+        ``causal_blocks``, ``visited_fraction``, ``build_ms`` and ``max_abs_error`` that are present (every
+        column with ``all_columns``), indexed by case."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.rows)
+        rest = [c for c in frame.columns if c not in ROW_KEYS and (all_columns or c in TABLE_EXTRAS)]
+        return frame[list(ROW_KEYS) + rest].set_index("case")
+
+
+def _json_files(results_dir: str | Path | None) -> list[tuple[Path, object]]:
+    return [(p, json.loads(p.read_text())) for p in sorted(Path(results_dir or RESULTS_DIR).glob("*.json"))]
+
+
+def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
+    """``data`` (the parsed JSON of ``path``) as a :class:`KernelBenchmark`; ``None`` without ``rows`` or for
+    another suite than ``pr`` and ``llm`` (read those with :func:`load_suite`)."""
+    if not isinstance(data, dict) or "rows" not in data:
+        return None
+    if data.get("suite") not in KERNEL_SUITES and "suite" in data:
+        return None
+    missing = [k for k in HEADER_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{path}: has 'rows' but lacks {missing}; expected top-level keys {list(HEADER_KEYS)}")
+    if not isinstance(data["rows"], list):
+        raise ValueError(f"{path}: 'rows' must be a list of dicts, got {type(data['rows']).__name__}")
+    for i, row in enumerate(data["rows"]):
+        lacking = [k for k in ROW_KEYS if not isinstance(row, dict) or k not in row]
+        if lacking:
+            raise ValueError(f"{path}: row {i} lacks {lacking}; every row needs {list(ROW_KEYS)}")
+    return KernelBenchmark(Path(path), *(str(data[k]) for k in HEADER_KEYS[:-1]), list(data["rows"]))
+
+
+def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[KernelBenchmark]:
+    """Every kernel result in ``results_dir`` (default ``data/benchmarks``), sorted by file name. Files
+    without a ``rows`` key are skipped; a file with ``rows`` but without the other header keys, or with rows
+    that lack a required column, raises ``ValueError`` naming the file and the missing keys."""
+    found = (_kernel_benchmark(path, data) for path, data in _json_files(results_dir))
+    return [b for b in found if b is not None]
+
+
+def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[dict, object]]:
+    """Results of the runner's suite ``suite`` (e.g. ``build``, ``train``, ``select``) in ``results_dir``
+    (default ``data/benchmarks``): per file, its header (GPU, versions, command, date, the file's note or None,
+    path) and its rows as a
+    pandas DataFrame. Empty when none has been committed."""
+    import pandas as pd
+
+    found = []
+    for path, data in _json_files(results_dir):
+        if isinstance(data, dict) and data.get("suite") == suite and isinstance(data.get("rows"), list):
+            header = {k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date", "note")} | {"path": path.name}
+            found.append((header, pd.DataFrame(data["rows"])))
+    return found
+
+
+def summary(benchmarks: Sequence[KernelBenchmark], results_dir: str | Path | None = None) -> str:
+    """A plain Markdown statement of what results there are (or that there are none yet)."""
+    where = Path(results_dir or RESULTS_DIR)
+    if not benchmarks:
+        return (f"**No kernel benchmark results yet.** `{where}` holds no JSON file with `rows`. They are "
+                f"measured on a GPU by `python -m {RUNNER}` and committed there; until then this notebook has "
+                f"no kernel timings to show.")
+    lines = [f"Kernel benchmark results: {len(benchmarks)} file(s)."]
+    return "\n".join(lines + [f"- {b.describe()}" for b in benchmarks])
+
+
+def other_results_table(results_dir: str | Path | None = None):
+    """The JSON files in ``results_dir`` without ``rows`` (such as the CPU salience benchmark), as a pandas
+    DataFrame with one column per file and one row per scalar field (lists are left out); empty if none."""
+    import pandas as pd
+
+    columns = {p.name: {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
+               for p, data in _json_files(results_dir) if isinstance(data, dict) and "rows" not in data}
+    return pd.DataFrame(columns)
+
+
+def run_small_benchmark(args: Sequence[str], run: bool = True,
+                        out_dir: str | Path = MEASURED_DIR) -> tuple[str, list[KernelBenchmark]]:
+    """With a CUDA GPU, ``run`` set and the runner present, run ``python -m topo_attn.bench *args --out
+    out_dir/measured_here.json`` (``args`` keep it small, e.g. ``--suite pr``; committed results are left
+    alone). Returns a sentence saying what ran, or why nothing ran, and the measured results (none when
+    nothing ran). A failing runner raises ``subprocess.CalledProcessError``."""
+    import torch
+
+    if not run:
+        return "Not measuring (run_benchmark is False): showing the committed results.", []
+    if not torch.cuda.is_available():
+        return "No CUDA GPU here: showing the committed results instead of measuring.", []
+    if importlib.util.find_spec(RUNNER) is None:
+        return f"The benchmark runner ({RUNNER}) is not in this checkout: showing the committed results.", []
+    out = Path(out_dir) / "measured_here.json"
+    command = [sys.executable, "-m", RUNNER, *map(str, args), "--out", str(out)]
+    subprocess.run(command, check=True, cwd=ROOT)
+    measured = _kernel_benchmark(out, json.loads(out.read_text()))
+    return (f"Ran `python {' '.join(command[1:])}` on {torch.cuda.get_device_name()}.",
+            [] if measured is None else [measured])

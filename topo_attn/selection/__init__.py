@@ -1,0 +1,1 @@
+"""Selection quality: how much of full causal attention a block schedule keeps, and the selectors to compare."""

@@ -2,7 +2,7 @@
 the entry count.
 
 Stages, all on the keys' device: block centroids (:mod:`.centroids`), their finiteness flag, saliences
-(:mod:`.salience`) and the rule's rows (:mod:`.rule_rows`). All of them are captured once per (device,
+(:mod:`.salience`) and the rule's rows (:mod:`.rows`). All of them are captured once per (device,
 stream, keys' shape, strides and dtype, dtype, rule) and replayed: launched one by one from Python, the
 launches cost more host time than the GPU spends on a shared schedule at 32k. The centroid kernel reads the
 keys in place and the rows kernel writes a new buffer for each build, so a schedule never aliases the graph's
@@ -20,7 +20,7 @@ import torch
 import triton
 
 from .centroids import block_centroids_kernel
-from .rule_rows import rows_size, rule_launch, split_rows
+from .rows import rows_size, rule_launch, split_rows
 from .salience import choose_mst, finite_flags, salience_and_finite
 
 GRAPH_MAX_BYTES = 512 * 2**20
@@ -60,7 +60,7 @@ def _lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
 
 def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None,
             rows_at: torch.Tensor | None = None):
-    """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rule_rows.rule_launch`, with no host
+    """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rows.rule_launch`, with no host
     sync; the status holds the centroids' finiteness flag (written to ``status`` if given; the rows to the
     buffer whose address ``rows_at`` holds, if given)."""
     lanes, n, _ = centroids.shape

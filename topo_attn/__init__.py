@@ -9,8 +9,9 @@ it on the first call of ``scheduled_attention``) to run the Triton kernel in Tri
 """
 
 from .attention import dense_masked_attention, scheduled_attention
+from .rule import SOURCE_NAMES
 from .schedule import BlockSchedule, ScheduleCounts, dense_causal_schedule, num_blocks
-from .topology import (SOURCE_NAMES, block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
+from .topology import (block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
                        persistence_barcode, schedule_from_salience, schedule_sources, top_salient_blocks,
                        topology_schedule)
 

@@ -12,20 +12,21 @@ import time
 
 import torch
 
+from .rule import SINK, SKIPPED, TOPOLOGY, WINDOW, source_labels
 
-def _block_picture(mask: torch.Tensor, window: int, sinks: int, salient: set[int], max_blocks: int = 32) -> str:
-    """Rows of a block mask ``[n, n]`` as text: S sink, W window, T topology (top-k), . skipped."""
+PICTURE_CHARS = {SKIPPED: ".", SINK: "S", WINDOW: "W", TOPOLOGY: "T"}
+"""One character per source label in the block picture."""
+
+
+def _block_picture(labels: torch.Tensor, max_blocks: int = 32) -> str:
+    """The causal part of source labels ``[n, n]`` (:func:`~topo_attn.rule.source_labels`) as text, one line
+    per query block (at most ``max_blocks``): S sink, W window, T topology (top-k), . skipped."""
     lines = []
-    for qb in range(min(mask.shape[0], max_blocks)):
-        row = ""
-        for kb in range(qb + 1):
-            if not mask[qb, kb]:
-                row += "."
-            else:
-                row += "S" if kb < sinks else "W" if kb >= qb - window else "T" if kb in salient else "?"
+    for qb in range(min(labels.shape[0], max_blocks)):
+        row = "".join(PICTURE_CHARS[int(label)] for label in labels[qb, :qb + 1])
         lines.append(f"  {qb:3d} {row}")
-    if mask.shape[0] > max_blocks:
-        lines.append(f"  ... ({mask.shape[0] - max_blocks} more rows)")
+    if labels.shape[0] > max_blocks:
+        lines.append(f"  ... ({labels.shape[0] - max_blocks} more rows)")
     return "\n".join(lines)
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     top = ta.top_salient_blocks(salience, args.topk).tolist()
     print(f"  head 0: most salient blocks {top} (salience {[round(float(salience[b]), 2) for b in top]})")
     print("  head 0 block mask (rows: query blocks; S sink, W window, T topology, . skipped):")
-    print(_block_picture(schedule.to_block_mask()[0, 0].cpu(), args.window, args.sinks, set(top)))
+    print(_block_picture(source_labels(schedule.to_block_mask()[0, 0].cpu(), args.sinks, args.window)))
 
     start = time.perf_counter()
     out = ta.scheduled_attention(q, k, v, schedule)

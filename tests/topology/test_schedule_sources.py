@@ -1,5 +1,6 @@
-"""``schedule_sources`` labels exactly the blocks of ``schedule_from_salience``, each by the part of the rule
-(sink, window, topology) that picks it first."""
+"""The rule (``topo_attn.rule``): its rows against a per-row loop, its base mask, and ``schedule_sources``
+labelling exactly the blocks of ``schedule_from_salience``, each by the part of the rule (sink, window,
+topology) that picks it first."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import topo_attn as ta
-from topo_attn.topology import SINK, SKIPPED, TOPOLOGY, WINDOW
+from topo_attn.rule import (SINK, SKIPPED, TOPOLOGY, WINDOW, base_block_mask, clamp_to_blocks, rule_schedule,
+                            source_labels)
 
 
 def salience_for(seq_len: int, block_size: int, lanes: int = 0, seed: int = 0) -> torch.Tensor:
@@ -79,3 +81,64 @@ def test_bad_arguments_raise(kwargs, error) -> None:
     args = dict(salience=torch.zeros(4, dtype=torch.float64), block_size=16, seq_len=64, window=1, sinks=1, topk=1)
     with pytest.raises(error):
         ta.schedule_sources(**{**args, **kwargs})
+
+
+def loop_rows(top: list[int], nb: int, sinks: int, window: int) -> list[list[int]]:
+    """The rule row by row: sinks ``< qb + 1``, the window ``max(0, qb - window)..qb`` and the top blocks in
+    ``0..qb``, sorted."""
+    rows = []
+    for qb in range(nb):
+        chosen = {b for b in range(sinks) if b <= qb} | set(range(max(0, qb - window), qb + 1))
+        chosen |= {b for b in top if 0 <= b <= qb}
+        rows.append(sorted(chosen))
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(nb=st.integers(1, 40), lanes=st.integers(1, 3), k=st.integers(0, 6), sinks=st.integers(0, 45),
+       window=st.integers(0, 45), seed=st.integers(0, 100))
+def test_rule_rows_match_a_loop(nb, lanes, k, sinks, window, seed) -> None:
+    """Any top blocks (duplicates, negative or past the last block included) give the loop's rows."""
+    gen = torch.Generator().manual_seed(seed)
+    top = torch.randint(-2, nb + 2, (lanes, k), generator=gen)
+    schedule = rule_schedule(top, 16, nb * 16 - 5 if nb > 1 else 16, sinks, window,
+                             None if lanes == 1 else (lanes, 1))
+    schedule.validate()
+    assert schedule.offsets.dtype == schedule.indices.dtype == torch.int32
+    offsets, indices = schedule.offsets.tolist(), schedule.indices.tolist()
+    for lane in range(lanes):
+        for qb, want in enumerate(loop_rows(top[lane].tolist(), nb, sinks, window)):
+            row = lane * nb + qb
+            assert indices[offsets[row]:offsets[row + 1]] == want, (lane, qb)
+
+
+def test_base_mask_is_the_rule_without_top_blocks() -> None:
+    for nb, sinks, window in itertools.product((1, 2, 7), (0, 1, 3, 9), (0, 1, 2, 9)):
+        base = base_block_mask(nb, sinks, window)
+        assert base.dtype == torch.bool and base.shape == (nb, nb)
+        none = rule_schedule(torch.zeros(1, 0, dtype=torch.int64), 8, 8 * nb, sinks, window)
+        assert torch.equal(base, none.to_block_mask())
+        want = torch.tensor([[kb in row for kb in range(nb)] for row in loop_rows([], nb, sinks, window)])
+        assert torch.equal(base, want)
+    assert clamp_to_blocks(5, 9, 7, 6) == (5, 5, 4) and clamp_to_blocks(5, 2, 1, 3) == (2, 1, 3)
+
+
+def test_source_labels_of_any_mask() -> None:
+    """Labels follow the order sink, window, topology for any mask, e.g. a selector's, not only the rule's."""
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert source_labels(mask, sinks=1, window=0).tolist() == [[1, 0, 0, 0], [1, 2, 0, 0], [0, 3, 2, 0],
+                                                               [1, 3, 0, 2]]
+    assert source_labels(mask[None].expand(2, 4, 4), 0, 1).shape == (2, 4, 4)
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: rule_schedule(torch.zeros(1, 2), 16, 64, 1, 1), TypeError),
+    (lambda: rule_schedule(torch.zeros(2, dtype=torch.int64), 16, 64, 1, 1), ValueError),
+    (lambda: rule_schedule(torch.zeros(2, 1, dtype=torch.int64), 16, 64, 1, 1), ValueError),
+    (lambda: rule_schedule(torch.zeros(1, 1, dtype=torch.int64), 16, 64, -1, 1), ValueError),
+    (lambda: source_labels(torch.ones(3, 3, dtype=torch.int8), 1, 1), TypeError),
+    (lambda: source_labels(torch.ones(3, 4, dtype=torch.bool), 1, 1), ValueError),
+])
+def test_rule_bad_arguments_raise(call, error) -> None:
+    with pytest.raises(error):
+        call()

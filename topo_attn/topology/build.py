@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_finite, check_int, check_keys, check_tensor, raise_unless_finite
+from ..rule import clamp_to_blocks, rule_schedule, source_labels
 from ..schedule import BlockSchedule, num_blocks
 from .gpu import MAX_BLOCKS as MAX_GPU_BLOCKS
 from .persistence import block_means, check_centroids, lane_saliences, top_salient_blocks
@@ -70,20 +71,31 @@ def _salience(centroids: torch.Tensor) -> torch.Tensor:
     return lane_saliences(centroids)
 
 
-def _clamped(nb: int, topk: int, sinks: int, window: int) -> tuple[int, int, int]:
-    """The rule's ``(topk, sinks, window)`` for ``nb`` blocks: at most ``nb`` top-k and sink blocks, a window
-    of at most ``nb - 1`` blocks back."""
-    return min(topk, nb), min(sinks, nb), min(window, nb - 1)
-
-
 def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
                            topk: int, lanes: tuple[int, int] | None = None) -> BlockSchedule:
-    """The schedule for given saliences ``[n]`` (shared) or ``[L, n]`` (one per lane, ``L = B * H``).
+    """The rule's schedule (:mod:`topo_attn.rule`) for given saliences: per query block ``qb``, sink blocks
+    ``0..sinks-1``, the window ``qb-window..qb``, and those of the ``topk`` most salient blocks (chosen once per
+    lane, ties to the lower index, :func:`~topo_attn.top_salient_blocks`) that are ``<= qb``; sorted and
+    without duplicates.
 
-    Per query block ``qb``: sink blocks ``0..sinks-1``, the window ``qb-window..qb``, and those of the
-    ``topk`` most salient blocks (chosen once per lane, ties to the lower index) that are ``<= qb``;
-    sorted and without duplicates. Vectorised over lanes and rows. Saliences must be finite (``ValueError``
-    otherwise)."""
+    Arguments:
+        salience: real ``[n]`` (shared schedule) or ``[..., n]`` holding ``L`` lanes (``L = B * H``; e.g.
+            ``[L, n]``), finite, with ``n = ceil(seq_len / block_size)``.
+        block_size, seq_len: ints ``>= 1``.
+        window, sinks, topk: ints ``>= 0``; values beyond ``n`` blocks act as ``n`` (``n - 1`` for the window).
+        lanes: ``None`` for one shared lane, else ``(B, H)`` with ``B * H == L``.
+
+    Returns:
+        A :class:`~topo_attn.BlockSchedule` on the salience's device. On the CPU,
+        :func:`topo_attn.rule.rule_schedule` of the top-k blocks; on a CUDA device, the same rows from two
+        Triton launches (:mod:`.gpu.rows`; saliences other than float32 and float64 are converted to float64)
+        and one host sync.
+
+    Raises:
+        TypeError: a non-tensor salience or a non-int size.
+        ValueError: ``block_size`` or ``seq_len`` below 1, ``window``, ``sinks`` or ``topk`` below 0, a salience
+            whose last dimension is not ``n``, a lane count that does not match ``lanes``, or NaN/Inf
+            saliences."""
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
     nb = num_blocks(seq_len, block_size)
@@ -91,7 +103,6 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     if salience.ndim == 0 or salience.shape[-1] != nb:
         raise ValueError(f"salience must have shape [..., {nb}] ({nb} blocks of {block_size} for "
                          f"seq_len={seq_len}), got shape {tuple(salience.shape)}")
-    device = salience.device
     sal = salience.reshape(-1, nb)
     lane_count = sal.shape[0]
     if lanes is not None:
@@ -99,7 +110,7 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
     if lane_count != (1 if lanes is None else lanes[0] * lanes[1]):
         raise ValueError(f"salience holds {lane_count} lanes, but lanes={lanes} needs "
                          f"{1 if lanes is None else lanes[0] * lanes[1]}")
-    topk, sinks, window = _clamped(nb, topk, sinks, window)
+    topk, sinks, window = clamp_to_blocks(nb, topk, sinks, window)
     if sal.is_cuda:  # two Triton launches instead of about twenty small torch ones
         from .gpu.rows import rule_rows
 
@@ -110,39 +121,29 @@ def schedule_from_salience(salience: torch.Tensor, block_size: int, seq_len: int
         raise_unless_finite("salience", finite)
         return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes)
     check_finite("salience", sal)
-    rows = torch.arange(nb, device=device)
-    # candidates [L, n, m]: sinks, then the window, then the top-k blocks
-    sink_part = torch.arange(sinks, device=device).expand(lane_count, nb, sinks)
-    window_part = (rows[:, None] - torch.arange(window + 1, device=device)).expand(lane_count, nb, window + 1)
-    top_part = top_salient_blocks(sal, topk)[:, None, :].expand(lane_count, nb, topk)
-    candidates = torch.cat([sink_part, window_part, top_part], dim=-1)
-    # drop non-causal and negative candidates, sort each row, keep the first of each run of equal values
-    valid = (candidates >= 0) & (candidates <= rows[:, None])
-    candidates = torch.where(valid, candidates, nb).sort(dim=-1).values
-    keep = candidates < nb
-    keep[..., 1:] &= candidates[..., 1:] != candidates[..., :-1]
-    counts = keep.sum(dim=-1, dtype=torch.int32).reshape(-1)
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=device)
-    torch.cumsum(counts, dim=0, out=offsets[1:])
-    indices = candidates[keep].to(torch.int32)
-    # valid by construction (sorted, unique, causal, the diagonal in every row): skip the checks' syncs
-    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes)
-
-
-SKIPPED, SINK, WINDOW, TOPOLOGY = 0, 1, 2, 3
-SOURCE_NAMES = ("skipped", "sink", "window", "topology")  # indexed by the labels above
+    return rule_schedule(top_salient_blocks(sal, topk), block_size, seq_len, sinks, window, lanes)
 
 
 def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, window: int, sinks: int,
                      topk: int) -> torch.Tensor:
-    """Why each block of :func:`schedule_from_salience`'s schedule is scheduled, as int8 labels.
+    """Why each block of :func:`schedule_from_salience`'s schedule is scheduled, as int8 labels
+    (:func:`topo_attn.rule.source_labels` of its block mask).
 
-    salience: ``[n]`` (shared) or ``[..., n]`` (one per lane, e.g. ``[L, n]`` or ``[B, H, n]``) -> int8
-    ``[..., n, n]`` on the salience's device. ``[..., qb, kb]`` is ``SINK`` (1) when ``kb < sinks``, else
-    ``WINDOW`` (2) when ``qb - window <= kb``, else ``TOPOLOGY`` (3) when ``kb`` is one of the ``topk`` most
-    salient blocks, else ``SKIPPED`` (0); blocks after the query block (``kb > qb``) are ``SKIPPED``. A block
-    that two parts of the rule pick takes the first label in that order. The labelled blocks are exactly the
-    schedule's block mask. ``SOURCE_NAMES[label]`` names a label."""
+    ``[..., qb, kb]`` is ``SINK`` (1) when ``kb < sinks``, else ``WINDOW`` (2) when ``qb - window <= kb``, else
+    ``TOPOLOGY`` (3) when ``kb`` is one of the ``topk`` most salient blocks, else ``SKIPPED`` (0); blocks after
+    the query block (``kb > qb``) are ``SKIPPED``. A block that two parts of the rule pick takes the first label
+    in that order. The labelled blocks are exactly the schedule's block mask. ``SOURCE_NAMES[label]`` names a
+    label.
+
+    Arguments:
+        salience: real ``[n]`` (shared) or ``[..., n]`` (one per lane, e.g. ``[L, n]`` or ``[B, H, n]``), finite.
+        block_size, seq_len, window, sinks, topk: as for :func:`schedule_from_salience`.
+
+    Returns:
+        int8 ``[..., n, n]`` on the salience's device.
+
+    Raises:
+        TypeError, ValueError: as :func:`schedule_from_salience`."""
     salience = check_tensor("salience", salience)
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
@@ -153,11 +154,7 @@ def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, wind
     lanes = None if salience.ndim == 1 else (salience.numel() // nb, 1)
     scheduled = schedule_from_salience(salience, block_size, seq_len, window, sinks, topk, lanes).to_block_mask()
     # every scheduled block that is neither a sink nor in the window was put there by its salience
-    rows = torch.arange(nb, device=salience.device)
-    labels = torch.where(scheduled, TOPOLOGY, SKIPPED)
-    labels = torch.where(scheduled & (rows[None, :] >= rows[:, None] - window), WINDOW, labels)
-    labels = torch.where(scheduled & (rows[None, :] < sinks), SINK, labels).to(torch.int8)
-    return labels.reshape(*salience.shape[:-1], nb, nb)
+    return source_labels(scheduled, sinks, window).reshape(*salience.shape[:-1], nb, nb)
 
 
 def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: int, topk: int, *,
@@ -206,7 +203,7 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
         # the entry count (the kernels stay in bounds on any input; they only read the keys, so
         # keys that require grad need no detached view)
         flat = keys if keys.ndim == 3 else keys.reshape(-1, seq, keys.shape[-1])
-        offsets, indices, finite = build_rows(flat, block_size, dtype, *_clamped(nb, topk, sinks, window))
+        offsets, indices, finite = build_rows(flat, block_size, dtype, *clamp_to_blocks(nb, topk, sinks, window))
         raise_unless_finite("keys", finite)
         return BlockSchedule.unchecked(offsets, indices, block_size, seq, lanes)
     keys = (keys[0] if keys.ndim == 3 else keys).detach()  # (a shared lane: [S, D])

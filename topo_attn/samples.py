@@ -1,4 +1,9 @@
-"""Deterministic sample keys for demos, notebooks and tests, and the key sets stored in ``data/``."""
+"""Deterministic sample keys for demos, notebooks and tests, and the sample data shipped with the package.
+
+The sample data (the key sets ``<name>.npy`` and the captured MiniLM q, k, v ``minilm_qkv.npz``; the
+repository's ``data/README.md`` describes them) are package data in :data:`DATA_DIR`, so they are found from a
+wheel as from a checkout.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +30,9 @@ def clustered_keys(seq_len: int, dim: int, block_size: int = 64, clusters: int =
     return keys + torch.randn(seq_len, dim, generator=gen)
 
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-"""The repository's ``data/`` folder, where ``data/make_key_sets.py`` writes the sample key sets."""
+DATA_DIR = Path(__file__).resolve().parent / "sample_data"
+"""The package's sample data folder, ``topo_attn/sample_data/`` (installed with the package): the key sets
+written by ``data/make_key_sets.py`` and ``minilm_qkv.npz`` written by ``data/capture_real_qk.py``."""
 
 
 def key_set_names(data_dir: str | Path | None = None) -> list[str]:
@@ -35,8 +41,9 @@ def key_set_names(data_dir: str | Path | None = None) -> list[str]:
 
 
 def load_key_set(name: str, data_dir: str | Path | None = None) -> torch.Tensor:
-    """The sample key set ``name``: keys ``[S, D]`` float16 from ``data_dir/<name>.npy`` (see
-    ``data/README.md``)."""
+    """The sample key set ``name``: keys ``[S, D]`` float16 from ``data_dir/<name>.npy`` (default
+    :data:`DATA_DIR`; see ``data/README.md``). Raises ``ValueError`` naming the file and the sets there when
+    there is no such set."""
     path = Path(data_dir or DATA_DIR) / f"{name}.npy"
     if not path.is_file():
         raise ValueError(f"no key set {name!r}: {path} does not exist; expected one of "
@@ -45,5 +52,5 @@ def load_key_set(name: str, data_dir: str | Path | None = None) -> torch.Tensor:
 
 
 def load_key_sets(data_dir: str | Path | None = None) -> dict[str, torch.Tensor]:
-    """Every sample key set in ``data_dir``, by name."""
+    """Every sample key set in ``data_dir`` (default :data:`DATA_DIR`), by name, sorted."""
     return {name: load_key_set(name, data_dir) for name in key_set_names(data_dir)}

@@ -1,4 +1,4 @@
-"""The benchmark runner's CPU-side pieces: work counted in visited token pairs, suites, the table."""
+"""The benchmark runner's CPU-side pieces: work counted in visited token pairs, suites, the tables."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import pytest
 import torch
 
 import topo_attn as ta
-from topo_attn.bench.runner import SUITES, _visited_pairs, main, markdown
+from topo_attn.bench.cases import SUITES, Case
+from topo_attn.bench.kernel import kernel_markdown
+from topo_attn.bench.runner import main
+from topo_attn.bench.timing import visited_pairs
 
 
 @pytest.mark.parametrize("seq_len,block_size", [(100, 16), (128, 32), (97, 64), (300, 32)])
 def test_visited_pairs_count_the_token_mask(seq_len, block_size):
-    assert _visited_pairs(ta.dense_causal_schedule(seq_len, block_size)) == seq_len * (seq_len + 1) // 2
+    assert visited_pairs(ta.dense_causal_schedule(seq_len, block_size)) == seq_len * (seq_len + 1) // 2
     keys = torch.randn(seq_len, 8, generator=torch.Generator().manual_seed(seq_len))
     schedule = ta.topology_schedule(keys, block_size, window=0, sinks=1, topk=1)
-    assert _visited_pairs(schedule) == int(schedule.to_token_mask().sum())
+    assert visited_pairs(schedule) == int(schedule.to_token_mask().sum())
 
 
 def test_suites_cover_the_issue_cases():
@@ -37,9 +40,9 @@ def test_markdown_rows():
                flex_ms=1.23, limit_ms=0.72, sdpa_tflops=572.0, ours_tflops=400.0, flex_tflops=340.0,
                ours_vs_sdpa_tflops=0.7, flex_over_ours_time=1.18, dense_csr_over_sdpa_time=1.35, build_ms=15.0,
                max_abs_error=6e-4)
-    table = markdown([row], "llm")
+    table = kernel_markdown([row], "llm")
     assert "| B1 H32 S16k D128 b128 | 1554 / 8256 | 3.850 (572) | 1.040 (400) |" in table
-    pr = markdown([row], "pr")
+    pr = kernel_markdown([row], "pr")
     assert pr.splitlines()[0].startswith("| seq | scheduled / dense blocks") and "| 16384 | 1554 / 8256 |" in pr
     assert not math.isnan(row["ours_tflops"])
 
@@ -78,7 +81,8 @@ def test_train_markdown_rows():
 def test_train_timing_helpers_on_the_interpreter(device):
     """The pieces of a train case that need no GPU: backward and forward + backward timed with gradients reset
     (a stand-in timer calls each function twice), and the gradient check on the first kv head's group."""
-    from topo_attn.bench.train import _backward_and_step_ms, _max_grad_error
+    from topo_attn.bench.timing import backward_and_step_ms
+    from topo_attn.bench.train import max_grad_error
 
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(1, 4, 96, 16, generator=gen).to(device).requires_grad_()
@@ -96,19 +100,18 @@ def test_train_timing_helpers_on_the_interpreter(device):
 
     ours(q, k, v).backward(d_out)
     once = q.grad.clone()
-    assert _backward_and_step_ms(ours, q, k, v, d_out, twice) == (1.0, 1.0)
+    assert backward_and_step_ms(ours, q, k, v, d_out, twice) == (1.0, 1.0)
     assert len(calls) == 2 and all(torch.equal(c, once) for c in calls)  # reset, not accumulated
-    assert _max_grad_error(q, k, v, d_out, schedule) < 1e-4
+    assert max_grad_error(q, k, v, d_out, schedule) < 1e-4
     q.grad = q.grad * 1.1
-    assert 0.05 < _max_grad_error(q, k, v, d_out, schedule) < 0.2
+    assert 0.05 < max_grad_error(q, k, v, d_out, schedule) < 0.2
 
 
 def test_select_suite_rows_on_a_small_input(device):
     """The select suite's rows on a tiny real-shaped input (timer stubbed: it only calls the function):
     every selector at every budget, finite metrics, the oracle's recall the highest at equal budget, and
     the dense-budget rows identical in blocks per row."""
-    from topo_attn.selection import quality
-    from topo_attn.bench.runner import Case
+    from topo_attn import selection
     from topo_attn.bench.select import run_select_case, select_markdown
 
     gen = torch.Generator().manual_seed(8)
@@ -122,7 +125,7 @@ def test_select_suite_rows_on_a_small_input(device):
     case = Case("tiny", 1, 2, 2, 96, 16, 16, "float16")
     rows = run_select_case(case, timer, budgets=(1, 2), device=device, qkv=(q, k, v, {"model": "random",
                                                                                         "layers": [0]}))
-    assert {(r["selector"], r["budget"]) for r in rows} == {(s, b) for s in quality.SELECTORS for b in (1, 2)}
+    assert {(r["selector"], r["budget"]) for r in rows} == {(s, b) for s in selection.SELECTORS for b in (1, 2)}
     for budget in (1, 2):
         at = {r["selector"]: r for r in rows if r["budget"] == budget}
         equal = [r for name, r in at.items() if name not in ("topology_22", "window")]

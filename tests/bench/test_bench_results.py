@@ -46,7 +46,21 @@ def test_no_results_is_said_plainly(tmp_path):
     assert bench_results.load_kernel_benchmarks(tmp_path) == []
     summary = bench_results.summary([], tmp_path)
     assert summary.startswith("**No kernel benchmark results yet.**") and str(tmp_path) in summary
-    assert bench_results.load_kernel_benchmarks(tmp_path / "missing") == []
+
+
+
+def test_a_missing_results_folder_is_named(tmp_path):
+    for load in (bench_results.load_kernel_benchmarks, bench_results.other_results_table):
+        with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'} does not exist"):
+            load(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
+        bench_results.load_suite("build", tmp_path / "missing")
+
+
+def test_results_dir_is_the_repository_data_benchmarks():
+    root = Path(__file__).resolve().parents[2]
+    assert bench_results.ROOT == root and bench_results.RESULTS_DIR == root / "data" / "benchmarks"
+    assert {"pr", "llm"} <= {b.suite for b in bench_results.load_kernel_benchmarks()}
 
 
 @pytest.mark.parametrize("data, match", [

@@ -14,14 +14,15 @@ import time
 
 import torch
 
-BUILD_LENGTHS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 BUILD_COLUMNS = ["case", "blocks", "SDPA ms", "shared: build ms (f32) / attn ms", "build / attn",
                  "(build + attn) / SDPA", "per-lane: build ms (f32) / attn ms", "build / attn",
                  "(build + attn) / SDPA", "CPU shared build ms"]
 
 
 def run_build_case(case, median_ms) -> dict:
-    """Time schedule builds and attention for one ``Case`` (``median_ms(fn)``: the runner's timer)."""
+    """One row for ``case`` (a :class:`~topo_attn.bench.cases.Case`), on a CUDA GPU: the schedule builds and
+    the attention timed by ``median_ms(fn)``, and whether the GPU builds (float64 and float32) equal the CPU
+    path's (a difference is also reported on stderr)."""
     import torch.nn.functional as F
 
     import topo_attn as ta
@@ -69,6 +70,7 @@ def run_build_case(case, median_ms) -> dict:
 
 
 def build_markdown(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (from :func:`run_build_case`), then the break-even sentence."""
     lines = ["| " + " | ".join(BUILD_COLUMNS) + " |", "| --- |" + " ---: |" * (len(BUILD_COLUMNS) - 1)]
     for r in rows:
         lines.append(

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = ROOT / "data" / "benchmarks"  # committed results
-MEASURED_DIR = ROOT / "build" / "benchmarks"  # results measured by a notebook run (not committed)
+"""The repository's root (``topo_attn/bench/results.py`` is two folders below it)."""
+RESULTS_DIR = ROOT / "data" / "benchmarks"
+"""The committed results (in a checkout of the repository only; an installed package has none)."""
+MEASURED_DIR = ROOT / "build" / "benchmarks"
+"""Where a notebook run writes what it measured (not committed)."""
 RUNNER = "topo_attn.bench"
 HEADER_KEYS = ("suite", "gpu", "torch", "triton", "command", "rows")
 ROW_KEYS = ("case", "seq_len", "ours_ms", "sdpa_ms", "flex_ms", "limit_ms", "ours_tflops", "sdpa_tflops",
@@ -59,7 +62,14 @@ class KernelBenchmark:
 
 
 def _json_files(results_dir: str | Path | None) -> list[tuple[Path, object]]:
-    return [(p, json.loads(p.read_text())) for p in sorted(Path(results_dir or RESULTS_DIR).glob("*.json"))]
+    """Every ``*.json`` in ``results_dir`` (default :data:`RESULTS_DIR`), parsed, sorted by name; a missing
+    folder raises ``FileNotFoundError`` naming it."""
+    folder = Path(results_dir or RESULTS_DIR)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"benchmark results folder {folder} does not exist (the committed results are in "
+                                f"data/benchmarks/ of a repository checkout, not in an installed package; "
+                                f"pass results_dir)")
+    return [(p, json.loads(p.read_text())) for p in sorted(folder.glob("*.json"))]
 
 
 def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
@@ -84,7 +94,8 @@ def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
 def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[KernelBenchmark]:
     """Every kernel result in ``results_dir`` (default ``data/benchmarks``), sorted by file name. Files
     without a ``rows`` key are skipped; a file with ``rows`` but without the other header keys, or with rows
-    that lack a required column, raises ``ValueError`` naming the file and the missing keys."""
+    that lack a required column, raises ``ValueError`` naming the file and the missing keys; a missing
+    ``results_dir`` raises ``FileNotFoundError`` naming it."""
     found = (_kernel_benchmark(path, data) for path, data in _json_files(results_dir))
     return [b for b in found if b is not None]
 
@@ -92,8 +103,8 @@ def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[Kernel
 def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[dict, object]]:
     """Results of the runner's suite ``suite`` (e.g. ``build``, ``train``, ``select``) in ``results_dir``
     (default ``data/benchmarks``): per file, its header (GPU, versions, command, date, the file's note or None,
-    path) and its rows as a
-    pandas DataFrame. Empty when none has been committed."""
+    path) and its rows as a pandas DataFrame. Empty when none has been committed; a missing ``results_dir``
+    raises ``FileNotFoundError`` naming it."""
     import pandas as pd
 
     found = []
@@ -117,7 +128,8 @@ def summary(benchmarks: Sequence[KernelBenchmark], results_dir: str | Path | Non
 
 def other_results_table(results_dir: str | Path | None = None):
     """The JSON files in ``results_dir`` without ``rows`` (such as the CPU salience benchmark), as a pandas
-    DataFrame with one column per file and one row per scalar field (lists are left out); empty if none."""
+    DataFrame with one column per file and one row per scalar field (lists are left out); empty if none. A
+    missing ``results_dir`` raises ``FileNotFoundError`` naming it."""
     import pandas as pd
 
     columns = {p.name: {k: v for k, v in data.items() if not isinstance(v, (list, dict))}

@@ -1,11 +1,12 @@
 """The ``select`` suite of the benchmark runner: selection quality against time on a GPU
 (``python -m topo_attn.bench --suite select``).
 
-On the captured real queries, keys and values (``data/minilm_qkv.npz``: each captured layer is a batch entry,
-each head a lane, float16), every selector of :mod:`topo_attn.selection.quality` at every budget: the time to build its
-schedule (the oracle's build is the full attention mass it needs), the kernel's time with that schedule, and
-the recall and output error of the schedule against full causal attention (the float64 reference). SDPA's
-dense causal time on the same input is the yardstick.
+On the captured real queries, keys and values (:func:`topo_attn.selection.load_real_qkv`, the package data
+``topo_attn/sample_data/minilm_qkv.npz``: each captured layer is a batch entry, each head a lane, float16),
+every selector of :mod:`topo_attn.selection` at every budget: the time to build its schedule (the oracle's
+build is the full attention mass it needs), the kernel's time with that schedule, and the recall and output
+error of the schedule against full causal attention (the float64 reference). SDPA's dense causal time on the
+same input is the yardstick.
 """
 
 from __future__ import annotations
@@ -18,26 +19,27 @@ SELECT_COLUMNS = ["selector", "budget", "blocks / row", "recall", "rel L2", "bui
 
 
 def run_select_case(case, median_ms, budgets=SELECT_BUDGETS, device: str = "cuda", qkv=None) -> list[dict]:
-    """Rows (one per selector and budget) for ``case`` (its block size, sinks and window are used; the input
-    is the captured real q, k, v, or ``qkv = (q, k, v, info)``). ``median_ms(fn)`` times a call."""
+    """Rows (one per selector and budget) for ``case`` (a :class:`~topo_attn.bench.cases.Case`; its block
+    size, sinks and window are used) on ``device``: the input is the captured real q, k, v, or ``qkv = (q, k, v,
+    info)`` (``[B, H, S, D]`` each; ``info`` with ``model`` and ``layers``). ``median_ms(fn)`` times a call."""
     import torch.nn.functional as F
 
     import topo_attn as ta
-    from topo_attn.selection import quality
+    from topo_attn import selection
 
-    q, k, v, info = quality.load_real_qkv() if qkv is None else qkv
+    q, k, v, info = selection.load_real_qkv() if qkv is None else qkv
     q, k, v = (t.to(device) for t in (q, k, v))
     bs, sinks, window = case.block_size, case.sinks, case.window
-    reference = quality.full_attention(q, k, v, bs)
+    reference = selection.full_attention(q, k, v, bs)
     sdpa_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     rows = []
     for budget in budgets:
-        for name in quality.SELECTORS:
+        for name in selection.SELECTORS:
             def build():
-                return quality.select(name, q, k, bs, sinks, window, budget)
+                return selection.select(name, q, k, bs, sinks, window, budget)
 
             schedule = build()
-            metrics = quality.schedule_quality(q, k, v, schedule, reference=reference).summary()
+            metrics = selection.schedule_quality(q, k, v, schedule, reference=reference).summary()
             build_ms = median_ms(build)
             attn_ms = median_ms(lambda: ta.scheduled_attention(q, k, v, schedule))
             rows.append(dict(case=case.name, suite="select", selector=name, budget=budget,
@@ -49,6 +51,7 @@ def run_select_case(case, median_ms, budgets=SELECT_BUDGETS, device: str = "cuda
 
 
 def select_markdown(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (from :func:`run_select_case`)."""
     lines = ["| " + " | ".join(SELECT_COLUMNS) + " |", "| --- |" + " ---: |" * (len(SELECT_COLUMNS) - 1)]
     for r in rows:
         lines.append(f"| {r['selector']} | {r['budget']} | {r['blocks_per_row']:.2f} | {r['recall']:.4f} | "

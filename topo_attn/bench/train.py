@@ -16,35 +16,18 @@ import sys
 
 import torch
 
+from .timing import backward_and_step_ms, visited_pairs
+
 TRAIN_COLUMNS = ["case", "visited / causal blocks", "SDPA bwd ms (TF/s)", "ours bwd ms (TF/s)", "flex bwd ms (TF/s)",
                  "ours / SDPA TF/s", "flex / ours time", "fwd+bwd ms: SDPA / ours / flex", "max grad error"]
 BACKWARD_WORK = 2.5  # backward FLOPs per forward FLOP on the same token pairs
 
 
-def _backward_and_step_ms(attention, q, k, v, d_out, median_ms) -> tuple[float, float]:
-    """Median ms of ``out.backward(d_out)`` on a kept graph, and of forward + backward. Gradients are reset to
-    None first, so no accumulation kernel is timed."""
-    leaves = (q, k, v)
-
-    def backward_only():
-        for t in leaves:
-            t.grad = None
-        out.backward(d_out, retain_graph=True)
-
-    def step():
-        for t in leaves:
-            t.grad = None
-        attention(q, k, v).backward(d_out)
-
-    out = attention(q, k, v)
-    backward_ms = median_ms(backward_only)
-    del out
-    return backward_ms, median_ms(step)
-
-
-def _max_grad_error(q, k, v, d_out, schedule) -> float:
-    """Largest error of dq, dk, dv over the first kv head and the query heads that read it, relative to each
-    reference gradient's largest entry (float32 reference through torch autograd; needs ``q.grad`` set)."""
+def max_grad_error(q, k, v, d_out, schedule) -> float:
+    """Largest error of ``q.grad``, ``k.grad``, ``v.grad`` (set by a backward of ``d_out`` through scheduled
+    attention with ``schedule``) over the first kv head and the query heads that read it, relative to each
+    reference gradient's largest entry; the reference is a float32 ``dense_masked_attention`` through torch
+    autograd. ``q`` ``[B, H, S, D]``, ``k`` and ``v`` ``[B, H_kv, S, D]``, ``d_out`` like ``q``."""
     import topo_attn as ta
 
     group = q.shape[1] // k.shape[1]
@@ -55,9 +38,10 @@ def _max_grad_error(q, k, v, d_out, schedule) -> float:
     return max(((g.float() - t.grad).abs().max() / t.grad.abs().max()).item() for g, t in zip(ours, leaves))
 
 
-def run_train_case(case, median_ms, visited_pairs, with_flex: bool = True) -> dict:
-    """Time backward and forward + backward for one ``Case`` (``median_ms(fn)``: the runner's timer;
-    ``visited_pairs(schedule)``: the runner's count of the token pairs a block-sparse kernel computes)."""
+def run_train_case(case, median_ms, with_flex: bool = True) -> dict:
+    """One row for ``case`` (a :class:`~topo_attn.bench.cases.Case`), on a CUDA GPU: backward and forward +
+    backward of ours, SDPA and, with ``with_flex``, FlexAttention (a failure is reported on stderr and its
+    columns are NaN), timed by ``median_ms(fn)``, and the gradient error of :func:`max_grad_error`."""
     import torch.nn.functional as F
 
     import topo_attn as ta
@@ -76,10 +60,10 @@ def run_train_case(case, median_ms, visited_pairs, with_flex: bool = True) -> di
 
     ours = lambda q, k, v: ta.scheduled_attention(q, k, v, schedule)  # noqa: E731
     ours(q, k, v).backward(d_out)
-    max_err = _max_grad_error(q, k, v, d_out, schedule)
-    ours_bwd, ours_step = _backward_and_step_ms(ours, q, k, v, d_out, median_ms)
+    max_err = max_grad_error(q, k, v, d_out, schedule)
+    ours_bwd, ours_step = backward_and_step_ms(ours, q, k, v, d_out, median_ms)
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)  # noqa: E731
-    sdpa_bwd, sdpa_step = _backward_and_step_ms(sdpa, q, k, v, d_out, median_ms)
+    sdpa_bwd, sdpa_step = backward_and_step_ms(sdpa, q, k, v, d_out, median_ms)
     flex_bwd = flex_step = float("nan")
     if with_flex:  # as in the llm suite
         from torch.nn.attention.flex_attention import flex_attention
@@ -90,7 +74,7 @@ def run_train_case(case, median_ms, visited_pairs, with_flex: bool = True) -> di
         options = {"kernel_options": {"BLOCK_M": 64, "BLOCK_N": 64}} if bs == 64 else {}
         flex = lambda q, k, v: compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa, **options)  # noqa: E731
         try:  # torch 2.11 on Hopper: its backward tile for D=128 (64x128) does not divide 64-token masks
-            flex_bwd, flex_step = _backward_and_step_ms(flex, q, k, v, d_out, median_ms)
+            flex_bwd, flex_step = backward_and_step_ms(flex, q, k, v, d_out, median_ms)
         except Exception as exc:  # report, do not hide: the row shows NaN and the reason
             print(f"  FlexAttention failed on {case.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
 
@@ -114,6 +98,7 @@ def run_train_case(case, median_ms, visited_pairs, with_flex: bool = True) -> di
 
 
 def train_markdown(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (from :func:`run_train_case`)."""
     lines = ["| " + " | ".join(TRAIN_COLUMNS) + " |", "| --- |" + " ---: |" * (len(TRAIN_COLUMNS) - 1)]
     for r in rows:
         lines.append(

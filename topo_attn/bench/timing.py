@@ -1,0 +1,56 @@
+"""Timing and work counting shared by the benchmark suites.
+
+Every suite times a call with :func:`median_ms` (passed to its ``run_*_case`` as ``median_ms``, so that tests
+can hand in a stand-in timer) and counts the work of a block-sparse kernel in :func:`visited_pairs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:
+    """Median time of ``fn()`` in milliseconds, by ``triton.testing.do_bench`` (``warmup_ms`` of warm-up, then
+    ``rep_ms`` of repetitions; the L2 cache is flushed between calls). Needs a CUDA GPU."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def visited_pairs(schedule) -> int:
+    """Token pairs the kernel computes per lane for ``schedule`` (a :class:`~topo_attn.schedule.BlockSchedule`):
+    every query row of an off-diagonal scheduled block against all of its ``block_size`` keys, plus the causal
+    part of the diagonal blocks; the last query block may be partial. A dense causal schedule of ``S`` tokens
+    visits ``S * (S + 1) // 2`` pairs."""
+    nb, bs, S = schedule.num_blocks, schedule.block_size, schedule.seq_len
+    rows = schedule.row_ids() % nb
+    q_sizes = torch.clamp(S - rows * bs, max=bs)  # the last query block may be partial
+    diagonal = schedule.indices.long() == rows
+    full = int(q_sizes[~diagonal].sum()) * bs
+    causal = int((q_sizes[diagonal] * (q_sizes[diagonal] + 1) // 2).sum())
+    return (full + causal) // schedule.num_lanes
+
+
+def backward_and_step_ms(attention: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, d_out: torch.Tensor,
+                         median_ms: Callable[[Callable[[], object]], float]) -> tuple[float, float]:
+    """Median ms of ``out.backward(d_out)`` on a kept graph (``out = attention(q, k, v)``), and of forward +
+    backward. ``q``, ``k``, ``v`` are leaves that require grad; their ``.grad`` is reset to None before every
+    call, so no accumulation kernel is timed. ``median_ms(fn)`` times a call."""
+    leaves = (q, k, v)
+
+    def backward_only():
+        for t in leaves:
+            t.grad = None
+        out.backward(d_out, retain_graph=True)
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        attention(q, k, v).backward(d_out)
+
+    out = attention(q, k, v)
+    backward_ms = median_ms(backward_only)
+    del out
+    return backward_ms, median_ms(step)

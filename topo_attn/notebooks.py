@@ -40,7 +40,7 @@ def notebook_paths(directory: str | Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(p for p in Path(directory).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
-def _runs_this_python(command: str) -> bool:
+def runs_this_python(command: str) -> bool:
     """Whether a kernelspec's ``argv[0]`` starts this interpreter (jupyter_client replaces a bare ``python``,
     ``python3`` or ``python3.X`` with ``sys.executable``)."""
     bare = ("python", f"python{sys.version_info[0]}", f"python{sys.version_info[0]}.{sys.version_info[1]}")
@@ -56,7 +56,7 @@ def kernel_name() -> str:
     manager = KernelSpecManager()
     for name in (KERNEL_NAME, "topo_attn"):
         try:
-            if _runs_this_python(manager.get_kernel_spec(name).argv[0]):
+            if runs_this_python(manager.get_kernel_spec(name).argv[0]):
                 return name
         except NoSuchKernel:
             pass
@@ -75,7 +75,7 @@ def _client_config():
 
 
 @contextlib.contextmanager
-def _kernel_environment() -> Iterator[None]:
+def kernel_environment() -> Iterator[None]:
     """The notebooks' kernels inherit this process's environment: set the Triton mode, and drop an
     ``MPLBACKEND`` (such as ``Agg``) that would keep figures out of the outputs."""
     triton_mode()
@@ -119,7 +119,7 @@ def run_notebook(path: str | Path, out_dir: str | Path, parameters: Mapping[str,
     known = notebook_parameters(path)
     chosen = {k: v for k, v in (parameters or {}).items() if k in known}
     out = out_dir / path.name
-    with _kernel_environment():
+    with kernel_environment():
         papermill.execute_notebook(str(path), str(out), parameters=chosen, kernel_name=kernel_name(),
                                    language="python", cwd=str(path.parent), progress_bar=False,
                                    execution_timeout=timeout, config=_client_config())

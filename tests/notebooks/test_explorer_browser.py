@@ -34,7 +34,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from topo_attn.notebooks import NOTEBOOK_DIR, ROOT, _kernel_environment, kernel_name, notebook_parameters
+from topo_attn.notebooks import NOTEBOOK_DIR, ROOT, kernel_environment, kernel_name, notebook_parameters
 
 NOTEBOOK = NOTEBOOK_DIR / "03_schedule_explorer.ipynb"
 ARTIFACTS = ROOT / "build" / "test-artifacts" / "explorer"
@@ -91,7 +91,7 @@ def jupyter_lab(tmp_path_factory) -> Iterator[dict]:
                    "JUPYTER_NO_CONFIG": None, "JUPYTER_PLATFORM_DIRS": None}
     # the server's environment, and so its kernels': the Triton mode of topo_attn.notebooks (the interpreter
     # without a GPU) and no MPLBACKEND that would keep figures out of the outputs
-    with _kernel_environment():
+    with kernel_environment():
         env = {k: v for k, v in os.environ.items() if k not in jupyter_env}
     env.update({k: str(v) for k, v in jupyter_env.items() if v is not None})
 

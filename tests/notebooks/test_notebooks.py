@@ -156,8 +156,8 @@ def test_readme_main_job_runs_the_notebooks():
 
 
 def test_kernel_check_recognises_this_interpreter():
-    from topo_attn.notebooks import _runs_this_python, kernel_name
+    from topo_attn.notebooks import runs_this_python, kernel_name
 
-    assert _runs_this_python("python") and _runs_this_python(sys.executable)
-    assert not _runs_this_python("/nonexistent/bin/python3")
+    assert runs_this_python("python") and runs_this_python(sys.executable)
+    assert not runs_this_python("/nonexistent/bin/python3")
     assert kernel_name() in ("python3", "topo_attn")

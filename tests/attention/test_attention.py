@@ -157,10 +157,10 @@ def test_per_lane_schedules_differ_per_head(device):
 @pytest.mark.cuda
 def test_new_sequence_length_does_not_recompile():
     """Sequence length is a runtime argument: after one launch, other lengths reuse the compiled kernel."""
-    from topo_attn.kernels import forward
+    from topo_attn.attention import forward
 
     def compiled() -> set:
-        return {key for cache in forward._scheduled_attention_fwd.device_caches.values() for key in cache[0]}
+        return {key for cache in forward.attention_fwd_kernel.device_caches.values() for key in cache[0]}
 
     lengths = [1024, 1000, 1536, 777, 2048]
     for i, S in enumerate(lengths):

@@ -348,8 +348,8 @@ def test_every_tile_config_compiles_and_matches(D, dtype):
 def test_backward_new_sequence_length_does_not_recompile():
     """Sequence length is a runtime argument of the backward kernels too."""
     def compiled() -> set:
-        kernels = (backward._attention_bwd_preprocess, backward._scheduled_attention_bwd_dq,
-                   backward._scheduled_attention_bwd_dkdv)
+        kernels = (backward.attention_bwd_preprocess_kernel, backward.attention_bwd_dq_kernel,
+                   backward.attention_bwd_dkdv_kernel)
         return {(i, key) for i, kernel in enumerate(kernels) for cache in kernel.device_caches.values()
                 for key in cache[0]}
 

@@ -2,11 +2,11 @@
 
 Three launches, no atomics (so gradients are bit-for-bit deterministic):
 
-1. ``_attention_bwd_preprocess``: ``delta = rowsum(O * dO)`` per query, float32.
-2. ``_scheduled_attention_bwd_dq``: one program per (query tile, query lane). It walks the CSR row of its
+1. ``attention_bwd_preprocess_kernel``: ``delta = rowsum(O * dO)`` per query, float32.
+2. ``attention_bwd_dq_kernel``: one program per (query tile, query lane). It walks the CSR row of its
    query block like the forward (off-diagonal blocks unmasked, the diagonal block last with the causal mask),
    recomputes ``P`` from the saved log-sum-exp and accumulates ``dQ = dS K * scale``.
-3. ``_scheduled_attention_bwd_dkdv``: one program per (key tile, key/value lane). It walks the *column* of
+3. ``attention_bwd_dkdv_kernel``: one program per (key tile, key/value lane). It walks the *column* of
    its key block (``BlockSchedule.transpose()``: the query blocks that read it), for every query head of its
    GQA group, and accumulates ``dV = P^T dO`` and ``dK = dS^T Q * scale`` in registers.
 
@@ -19,13 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .forward import INTERPRETED, LOG2E, _mma_operand
+from .forward import INTERPRETED, LOG2E, load_tile, mma_operand, store_tile
 
 LOG2E_K: tl.constexpr = tl.constexpr(LOG2E)  # log2(e) inside the kernels: lse (natural log) to base 2
 
 
 @triton.jit(do_not_specialize=["seq_len", "stride_lb", "stride_lh"])
-def _attention_bwd_preprocess(
+def attention_bwd_preprocess_kernel(
     Out, dOut, Delta,
     seq_len, num_heads,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -33,25 +33,83 @@ def _attention_bwd_preprocess(
     stride_lb, stride_lh,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
+    """Grid ``(cdiv(S, BLOCK_M), B * H)``: ``Delta [B, H, S]`` (float32) ``= rowsum(Out * dOut)`` for queries
+    ``BLOCK_M * i ..`` of lane ``(b, h)``; ``Out``, ``dOut``: ``[B, H, S, HEAD_DIM]``, any strides."""
     # -- one tile of BLOCK_M queries of one (batch, head) lane
     lane = tl.program_id(1)
     batch = (lane // num_heads).to(tl.int64)
     head = (lane % num_heads).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m < seq_len
+    start_m = tl.program_id(0) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
 
     # -- delta = rowsum(O * dO) in float32
-    o = tl.load(Out + batch * stride_ob + head * stride_oh + offs_m[:, None].to(tl.int64) * stride_om
-                + offs_d[None, :] * stride_od, mask=rows[:, None], other=0.0)
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + offs_m[:, None].to(tl.int64) * stride_dom
-                 + offs_d[None, :] * stride_dod, mask=rows[:, None], other=0.0)
+    o = load_tile(Out, batch, head, start_m, seq_len, stride_ob, stride_oh, stride_om, stride_od,
+                  BLOCK_M, HEAD_DIM, False, True)
+    do = load_tile(dOut, batch, head, start_m, seq_len, stride_dob, stride_doh, stride_dom, stride_dod,
+                   BLOCK_M, HEAD_DIM, False, True)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + batch * stride_lb + head * stride_lh + offs_m, delta, mask=rows)
+    tl.store(Delta + batch * stride_lb + head * stride_lh + offs_m, delta, mask=offs_m < seq_len)
+
+
+@triton.jit
+def _attn_bwd_dq_step(
+    dq, q, do, lse, delta, kt_ptrs, vt_ptrs, start_n, offs_m, offs_n, seq_len, qk_scale, stride_kn, stride_vn,
+    DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Add the ``BLOCK_N`` keys from ``start_n`` to the query tile's unscaled float32 ``dq`` (query positions
+    ``offs_m``; ``offs_n = arange(BLOCK_N)``): ``P`` from ``lse`` (base 2), ``dS = P * (dO V^T - delta)``,
+    ``dq += dS K``. ``kt_ptrs``/``vt_ptrs``: ``[HEAD_DIM, BLOCK_N]`` pointers to K^T and V^T, at the lane's
+    first key (off-diagonal; ``start_n`` is added here, in 64 bits) or already at ``start_n`` (``DIAGONAL``:
+    masked loads and the causal mask)."""
+    if DIAGONAL:  # keys past seq_len read as zeros; the causal mask below hides them
+        cols = start_n + offs_n
+        kt = mma_operand(tl.load(kt_ptrs, mask=cols[None, :] < seq_len, other=0.0), UPCAST)
+        vt = mma_operand(tl.load(vt_ptrs, mask=cols[None, :] < seq_len, other=0.0), UPCAST)
+    else:
+        kt = mma_operand(tl.load(kt_ptrs + start_n * stride_kn), UPCAST)
+        vt = mma_operand(tl.load(vt_ptrs + start_n * stride_vn), UPCAST)
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    if DIAGONAL:
+        s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+    p = tl.math.exp2(s - lse[:, None])
+    dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
+    ds = mma_operand((p * (dp - delta[:, None])).to(kt_ptrs.dtype.element_ty), UPCAST)
+    return tl.dot(ds, tl.trans(kt), dq, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    kt_ptrs, vt_ptrs, dq, q, do, lse, delta, Indices, first, end, start_m, offs_m, offs_n, seq_len, qk_scale,
+    stride_kn, stride_vn,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAGONAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``dq`` of the query tile over a run of key tiles, one :func:`_attn_bwd_dq_step` each; the runs are the
+    forward's (``_attn_fwd_inner``): ``DIAGONAL=False``: CSR entries ``first .. end``, pipelined
+    ``NUM_STAGES`` deep; ``DIAGONAL=True``: the query block's own key block, a plain loop that advances the
+    pointers. ``kt_ptrs`` and ``vt_ptrs`` point at keys ``0 .. BLOCK_N`` of the lane (``[HEAD_DIM, BLOCK_N]``,
+    32-bit in-tile offsets; key offsets are added in 64 bits)."""
+    SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    if DIAGONAL:
+        diagonal_start = (start_m // BLOCK_SIZE) * BLOCK_SIZE
+        kt_ptrs += diagonal_start.to(tl.int64) * stride_kn
+        vt_ptrs += diagonal_start.to(tl.int64) * stride_vn
+        for start_n in range(diagonal_start, start_m + BLOCK_M, BLOCK_N):
+            dq = _attn_bwd_dq_step(dq, q, do, lse, delta, kt_ptrs, vt_ptrs, start_n, offs_m, offs_n, seq_len,
+                                   qk_scale, stride_kn, stride_vn, True, DOT_PRECISION, UPCAST)
+            kt_ptrs += BLOCK_N * stride_kn
+            vt_ptrs += BLOCK_N * stride_vn
+    else:
+        for t in tl.range(first * SUBTILES, end * SUBTILES, num_stages=NUM_STAGES):
+            k_block = tl.load(Indices + t // SUBTILES)
+            start_n = (k_block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N).to(tl.int64)
+            dq = _attn_bwd_dq_step(dq, q, do, lse, delta, kt_ptrs, vt_ptrs, start_n, offs_m, offs_n, seq_len,
+                                   qk_scale, stride_kn, stride_vn, False, DOT_PRECISION, UPCAST)
+    return dq
 
 
 @triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
-def _scheduled_attention_bwd_dq(
+def attention_bwd_dq_kernel(
     Q, K, V, dOut, Lse, Delta, dQ, Offsets, Indices,
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
     seq_len, num_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
@@ -64,7 +122,10 @@ def _scheduled_attention_bwd_dq(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    """Grid ``(cdiv(S, BLOCK_M), B * H)``: ``dQ [B, H, S, D]`` (q's dtype) of queries ``BLOCK_M * i ..`` of
+    lane ``(b, h)`` over the row schedule ``Offsets``/``Indices`` (as in the forward kernel), from the
+    forward's natural-log ``Lse`` and the preprocess's ``Delta`` (float32 ``[B, H, S]``, same strides).
+    ``BLOCK_M`` and ``BLOCK_N`` divide ``BLOCK_SIZE``."""
     # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     lane = tl.program_id(1)
@@ -84,12 +145,12 @@ def _scheduled_attention_bwd_dq(
     vt_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
 
     # -- load the query tile, its output gradient, log-sum-exp (base 2) and delta once
-    q = tl.load(Q + batch * stride_qb + head * stride_qh + offs_m[:, None].to(tl.int64) * stride_qm
-                + offs_d[None, :] * stride_qd, mask=rows[:, None], other=0.0)
-    q = _mma_operand(q, UPCAST)
-    do = tl.load(dOut + batch * stride_dob + head * stride_doh + offs_m[:, None].to(tl.int64) * stride_dom
-                 + offs_d[None, :] * stride_dod, mask=rows[:, None], other=0.0)
-    do = _mma_operand(do, UPCAST)
+    q = load_tile(Q, batch, head, start_m, seq_len, stride_qb, stride_qh, stride_qm, stride_qd,
+                  BLOCK_M, HEAD_DIM, False, True)
+    q = mma_operand(q, UPCAST)
+    do = load_tile(dOut, batch, head, start_m, seq_len, stride_dob, stride_doh, stride_dom, stride_dod,
+                   BLOCK_M, HEAD_DIM, False, True)
+    do = mma_operand(do, UPCAST)
     # queries past seq_len get lse = +inf, so their P is 0
     lse = tl.load(Lse + batch * stride_lb + head * stride_lh + offs_m, mask=rows, other=float("inf")) * LOG2E_K
     delta = tl.load(Delta + batch * stride_lb + head * stride_lh + offs_m, mask=rows, other=0.0)
@@ -102,38 +163,19 @@ def _scheduled_attention_bwd_dq(
     end_full = last - has_diagonal.to(tl.int32)
 
     # -- off-diagonal blocks lie wholly before the queries: no mask
-    for t in tl.range(first * SUBTILES, end_full * SUBTILES, num_stages=NUM_STAGES):
-        k_block = tl.load(Indices + t // SUBTILES)
-        start_n = (k_block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N).to(tl.int64)
-        kt = _mma_operand(tl.load(kt_ptrs + start_n * stride_kn), UPCAST)
-        vt = _mma_operand(tl.load(vt_ptrs + start_n * stride_vn), UPCAST)
-        s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-        p = tl.math.exp2(s - lse[:, None])
-        dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
-        ds = _mma_operand((p * (dp - delta[:, None])).to(Q.dtype.element_ty), UPCAST)
-        dq = tl.dot(ds, tl.trans(kt), dq, input_precision=DOT_PRECISION)
+    dq = _attn_bwd_dq_inner(kt_ptrs, vt_ptrs, dq, q, do, lse, delta, Indices, first, end_full, start_m, offs_m,
+                            offs_n, seq_len, qk_scale, stride_kn, stride_vn,
+                            BLOCK_SIZE, BLOCK_M, BLOCK_N, False, DOT_PRECISION, NUM_STAGES, UPCAST)
 
     # -- the diagonal block: causal mask (which also hides keys past seq_len)
     if has_diagonal:
-        diagonal_start = q_block * BLOCK_SIZE
-        kt_ptrs += diagonal_start.to(tl.int64) * stride_kn
-        vt_ptrs += diagonal_start.to(tl.int64) * stride_vn
-        for start_n in range(diagonal_start, start_m + BLOCK_M, BLOCK_N):
-            cols = start_n + offs_n
-            kt = _mma_operand(tl.load(kt_ptrs, mask=cols[None, :] < seq_len, other=0.0), UPCAST)
-            vt = _mma_operand(tl.load(vt_ptrs, mask=cols[None, :] < seq_len, other=0.0), UPCAST)
-            s = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
-            p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, vt, input_precision=DOT_PRECISION)
-            ds = _mma_operand((p * (dp - delta[:, None])).to(Q.dtype.element_ty), UPCAST)
-            dq = tl.dot(ds, tl.trans(kt), dq, input_precision=DOT_PRECISION)
-            kt_ptrs += BLOCK_N * stride_kn
-            vt_ptrs += BLOCK_N * stride_vn
+        dq = _attn_bwd_dq_inner(kt_ptrs, vt_ptrs, dq, q, do, lse, delta, Indices, first, end_full, start_m, offs_m,
+                                offs_n, seq_len, qk_scale, stride_kn, stride_vn,
+                                BLOCK_SIZE, BLOCK_M, BLOCK_N, True, DOT_PRECISION, NUM_STAGES, UPCAST)
 
     # -- dS was taken w.r.t. the scaled scores: one factor of the softmax scale; store
-    dq_ptrs = dQ + batch * stride_dqb + head * stride_dqh + offs_m[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd
-    tl.store(dq_ptrs, (dq * sm_scale).to(dQ.dtype.element_ty), mask=rows[:, None])
+    store_tile(dQ, dq * sm_scale, batch, head, start_m, seq_len, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+               BLOCK_M, HEAD_DIM, False)
 
 
 @triton.jit
@@ -143,9 +185,9 @@ def _dkdv_query_tile(
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Add one tile of BLOCK_M queries (starting at ``start_m``) of one query head to the key tile's dK and
-    dV accumulators. Queries past ``seq_len`` (the partial last block) are masked; ``CAUSAL`` masks keys
-    after the query."""
+    """Add one tile of BLOCK_M queries (starting at ``start_m``) of one query head (``q_base``, ``do_base``,
+    ``lse_base``, ``delta_base``: that lane's rows) to the key tile's dK and dV accumulators. Queries past
+    ``seq_len`` (the partial last block) are masked; ``CAUSAL`` masks keys after the query."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     rows = offs_m < seq_len
@@ -154,7 +196,7 @@ def _dkdv_query_tile(
     do = tl.load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_d[None, :] * stride_dod,
                  mask=rows[:, None], other=0.0)
     dtype = q.dtype
-    q, do = _mma_operand(q, UPCAST), _mma_operand(do, UPCAST)
+    q, do = mma_operand(q, UPCAST), mma_operand(do, UPCAST)
     lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf")) * LOG2E_K  # +inf past seq_len: P = 0
     delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
     # P^T (keys x queries), recomputed from the saved log-sum-exp
@@ -163,16 +205,16 @@ def _dkdv_query_tile(
         st = tl.where(offs_m[None, :] >= offs_n[:, None], st, float("-inf"))
     pt = tl.math.exp2(st - lse[None, :])
     # dV += P^T dO
-    dv = tl.dot(_mma_operand(pt.to(dtype), UPCAST), do, dv, input_precision=DOT_PRECISION)
+    dv = tl.dot(mma_operand(pt.to(dtype), UPCAST), do, dv, input_precision=DOT_PRECISION)
     # dS^T = P^T * (dP^T - delta) with dP^T = V dO^T; dK += dS^T Q (the scale is applied once, at the end)
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-    dst = _mma_operand((pt * (dpt - delta[None, :])).to(dtype), UPCAST)
+    dst = mma_operand((pt * (dpt - delta[None, :])).to(dtype), UPCAST)
     dk = tl.dot(dst, q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
-def _scheduled_attention_bwd_dkdv(
+def attention_bwd_dkdv_kernel(
     Q, K, V, dOut, Lse, Delta, dK, dV, ColOffsets, ColIndices,  # the column (transposed) schedule
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
     seq_len, num_heads, kv_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
@@ -186,6 +228,11 @@ def _scheduled_attention_bwd_dkdv(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
 ):
+    """Grid ``(cdiv(S, BLOCK_N), B * H_kv)``: ``dK``, ``dV [B, H_kv, S, D]`` (k's dtype) of keys
+    ``BLOCK_N * i ..`` of key/value lane ``(b, h_kv)``, summed over the ``kv_group`` query heads of the group
+    in registers. ``ColOffsets``/``ColIndices``: the int32 column schedule (``BlockSchedule.transpose()``:
+    sorted query blocks, the diagonal first when present), shared or ``n`` columns per query lane. Key
+    blocks nobody reads get zeros. ``BLOCK_M`` and ``BLOCK_N`` divide ``BLOCK_SIZE``."""
     SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_M
     # -- which keys and key/value lane this program owns (first key tiles, the longest columns, first)
     pid_n = tl.program_id(0)
@@ -194,17 +241,14 @@ def _scheduled_attention_bwd_dkdv(
     kv_head = (kv_lane % kv_heads).to(tl.int64)
     start_n = pid_n * BLOCK_N
     k_block = start_n // BLOCK_SIZE
-
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    keys = offs_n < seq_len
 
     # -- load the key and value tiles once; dK and dV accumulate in float32 registers
-    k = tl.load(K + batch * stride_kb + kv_head * stride_kh + offs_n[:, None].to(tl.int64) * stride_kn
-                + offs_d[None, :] * stride_kd, mask=keys[:, None], other=0.0)
-    v = tl.load(V + batch * stride_vb + kv_head * stride_vh + offs_n[:, None].to(tl.int64) * stride_vn
-                + offs_d[None, :] * stride_vd, mask=keys[:, None], other=0.0)
-    k, v = _mma_operand(k, UPCAST), _mma_operand(v, UPCAST)
+    k = load_tile(K, batch, kv_head, start_n, seq_len, stride_kb, stride_kh, stride_kn, stride_kd,
+                  BLOCK_N, HEAD_DIM, False, True)
+    v = load_tile(V, batch, kv_head, start_n, seq_len, stride_vb, stride_vh, stride_vn, stride_vd,
+                  BLOCK_N, HEAD_DIM, False, True)
+    k, v = mma_operand(k, UPCAST), mma_operand(v, UPCAST)
     dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
 
@@ -240,20 +284,26 @@ def _scheduled_attention_bwd_dkdv(
                                       BLOCK_M, HEAD_DIM, False, DOT_PRECISION, UPCAST)
 
     # -- one factor of the softmax scale for dK; store (key blocks nobody reads get zeros)
-    dk_ptrs = dK + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None].to(tl.int64) * stride_dkn + offs_d[None, :] * stride_dkd
-    dv_ptrs = dV + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None].to(tl.int64) * stride_dvn + offs_d[None, :] * stride_dvd
-    tl.store(dk_ptrs, (dk * sm_scale).to(dK.dtype.element_ty), mask=keys[:, None])
-    tl.store(dv_ptrs, dv.to(dV.dtype.element_ty), mask=keys[:, None])
+    store_tile(dK, dk * sm_scale, batch, kv_head, start_n, seq_len, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+               BLOCK_N, HEAD_DIM, False)
+    store_tile(dV, dv, batch, kv_head, start_n, seq_len, stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+               BLOCK_N, HEAD_DIM, False)
 
 
 def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Tiles, warps and pipeline depth of the two gradient kernels; tiles divide the schedule's block size.
+    """Launch configurations of :func:`attention_bwd_dq_kernel` and :func:`attention_bwd_dkdv_kernel` (the
+    tuned defaults; the sweep is in NOTES.md).
 
-    ``dq``: ``BLOCK_M`` queries per program, ``BLOCK_N`` keys per step. ``dkdv``: ``BLOCK_N`` keys per
-    program, ``BLOCK_M`` queries per step. The dK/dV program keeps four ``BLOCK_N x D`` tiles (K, V and two
-    float32 accumulators) resident, so its key tile shrinks with the head dimension. Head dim 65-128 in
-    fp16/bf16: the fastest of a sweep on the H200 (``kernels/NOTES.md``, backward); the others are conservative
-    choices that fit Hopper's 228 KB of shared memory per SM."""
+    Arguments:
+        block_size: the schedule's block size (a power of two >= 16).
+        head_dim: D.
+        dtype: the inputs' dtype (float16, bfloat16 or float32).
+
+    Returns ``dict(dq=..., dkdv=...)``, each with ``BLOCK_M``, ``BLOCK_N`` (both divide ``block_size``),
+    ``num_warps`` and ``NUM_STAGES``. ``dq``: ``BLOCK_M`` queries per program, ``BLOCK_N`` keys per step.
+    ``dkdv``: ``BLOCK_N`` keys per program, ``BLOCK_M`` queries per step; that program keeps four
+    ``BLOCK_N x D`` tiles (K, V and two float32 accumulators) resident, so its key tile shrinks with the head
+    dimension. Raises nothing."""
     if dtype == torch.float32:  # IEEE fp32 dots, twice the bytes per tile
         dq = (32, 32, 4, 2) if head_dim <= 128 else (32, 16, 4, 1)
         dkdv = (32, 32, 4, 2) if head_dim <= 128 else (16, 32, 8, 1)
@@ -274,11 +324,21 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  out: torch.Tensor, lse: torch.Tensor, schedule, scale: float,
                                  needs: tuple[bool, bool, bool] = (True, True, True),
                                  config: dict | None = None) -> tuple[torch.Tensor | None, ...]:
-    """Gradients of the forward on validated inputs. q, out, do: ``[B, H, S, D]``; k, v: ``[B, H_kv, S, D]``
-    (any strides); lse: the forward's float32 ``[B, H, S]`` (natural log); schedule: the row
-    ``BlockSchedule`` of the forward (its column form is built here, once per call). ``needs`` says which of
-    dq, dk, dv to compute (the others come back ``None``). ``config`` overrides :func:`backward_tile_config`.
-    Returns ``dq, dk, dv`` in the inputs' dtypes, contiguous."""
+    """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
+    here): three launches (delta, dQ over the row schedule, dK/dV over the column schedule), no atomics.
+
+    Arguments:
+        do: ``[B, H, S, D]``, the output gradient (any strides, also expanded ones).
+        q: ``[B, H, S, D]``, float16 | bfloat16 | float32, any strides.
+        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``.
+        out: ``[B, H, S, D]``, the forward's output.
+        lse: ``[B, H, S]`` float32, the forward's natural-log log-sum-exp.
+        schedule: the forward's row ``BlockSchedule`` (its column form is built here, once per call).
+        scale: the softmax scale.
+        needs: which of dq, dk, dv to compute; the others come back ``None``.
+        config: overrides :func:`backward_tile_config` (same keys).
+
+    Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
     config = config or backward_tile_config(schedule.block_size, head_dim, q.dtype)
@@ -291,7 +351,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
     pre_block = min(128, 8192 // head_dim)
-    _attention_bwd_preprocess[(triton.cdiv(seq_len, pre_block), batch * heads)](
+    attention_bwd_preprocess_kernel[(triton.cdiv(seq_len, pre_block), batch * heads)](
         out, do, delta, seq_len, heads, *out.stride(), *do.stride(), lse.stride(0), lse.stride(1),
         BLOCK_M=pre_block, HEAD_DIM=head_dim,
     )
@@ -301,7 +361,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     if needs[0]:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cfg = config["dq"]
-        _scheduled_attention_bwd_dq[(triton.cdiv(seq_len, cfg["BLOCK_M"]), batch * heads)](
+        attention_bwd_dq_kernel[(triton.cdiv(seq_len, cfg["BLOCK_M"]), batch * heads)](
             q, k, v, do, lse, delta, dq, schedule.offsets, schedule.indices,
             scale, scale * LOG2E, seq_len, heads, heads // kv_heads, lane_row_stride,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
@@ -315,7 +375,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]
-        _scheduled_attention_bwd_dkdv[(triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads)](
+        attention_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads)](
             q, k, v, do, lse, delta, dk, dv, column.offsets, column.indices,
             scale, scale * LOG2E, seq_len, heads, kv_heads, heads // kv_heads, lane_row_stride,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

@@ -2,15 +2,15 @@
 
 One program handles ``BLOCK_M`` queries of one (batch, head) lane. It walks the CSR row of its query block:
 first every off-diagonal (full) key block with no masking, in one pipelined loop over ``BLOCK_N``-wide
-sub-tiles, then, if the row holds it, the diagonal block with the causal mask. Online softmax in base 2.
+sub-tiles, then, if the row holds it, the diagonal block with the causal mask. Both walks run the same
+online-softmax step (:func:`_attn_fwd_inner`, base 2).
 
 Tiles are read through TMA tensor descriptors (Hopper's bulk-copy engine; rows past the sequence read as
-zeros) when the inputs allow it, else through pointers; ``USE_TMA`` picks the path at compile time.
+zeros) when the inputs allow it, else through pointers; ``USE_TMA`` picks the path at compile time. The tile
+helpers :func:`load_tile`, :func:`store_tile` and :func:`mma_operand` are shared with the backward kernels.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -23,21 +23,29 @@ except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
 
 LOG2E = 1.4426950408889634
+"""log2(e): the kernels work in base 2 (``exp2``), so the softmax scale is multiplied by it."""
 
 
 @triton.jit
-def _mma_operand(x, UPCAST: tl.constexpr):
-    # Triton's interpreter multiplies the bit patterns of bfloat16 operands in tl.dot
-    # (triton-lang/triton#11584); on the CPU we hand it float32 copies of the same values.
+def mma_operand(x, UPCAST: tl.constexpr):
+    """``x`` as a ``tl.dot`` operand: a float32 copy of the same values when ``UPCAST``, else ``x`` itself.
+
+    ``UPCAST`` is set for bfloat16 in Triton's interpreter, which multiplies the bit patterns of bfloat16
+    operands (triton-lang/triton#11584); compiled kernels never set it."""
     if UPCAST:
         return x.to(tl.float32)
     return x
 
 
 @triton.jit
-def _load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, stride_d,
-               BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, MASKED: tl.constexpr):
-    # rows start..start+BLOCK of one (batch, head) as [BLOCK, HEAD_DIM]; rows past seq_len read as zeros
+def load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, stride_d,
+              BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, MASKED: tl.constexpr):
+    """Rows ``start .. start + BLOCK`` of lane ``(batch, head)`` of a ``[B, H, S, HEAD_DIM]`` tensor, as a
+    ``[BLOCK, HEAD_DIM]`` tile in the tensor's dtype.
+
+    ``X`` is a pointer (addressed with the four strides, 64-bit offsets) or, with ``USE_TMA``, a 4-D tensor
+    descriptor with block ``[1, 1, BLOCK, HEAD_DIM]`` (strides unused; rows past the sequence read as zeros).
+    On the pointer path ``MASKED`` reads rows ``>= seq_len`` as zeros; without it every row must exist."""
     if USE_TMA:
         return X.load([batch, head, start, 0]).reshape(BLOCK, HEAD_DIM)
     else:
@@ -49,8 +57,85 @@ def _load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, str
         return tl.load(ptrs)
 
 
+@triton.jit
+def store_tile(X, tile, batch, head, start, seq_len, stride_b, stride_h, stride_s, stride_d,
+               BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
+    """Write the ``[BLOCK, HEAD_DIM]`` ``tile``, cast to ``X``'s dtype, to rows ``start .. start + BLOCK`` of
+    lane ``(batch, head)`` of a ``[B, H, S, HEAD_DIM]`` tensor; rows ``>= seq_len`` are not written. ``X`` as
+    in :func:`load_tile` (the descriptor clips the rows past the sequence)."""
+    if USE_TMA:
+        X.store([batch, head, start, 0], tile.to(X.dtype).reshape(1, 1, BLOCK, HEAD_DIM))
+    else:
+        rows = start + tl.arange(0, BLOCK)
+        ptrs = (X + batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h + rows[:, None].to(tl.int64) * stride_s
+                + tl.arange(0, HEAD_DIM)[None, :] * stride_d)
+        tl.store(ptrs, tile.to(X.dtype.element_ty), mask=rows[:, None] < seq_len)
+
+
+@triton.jit
+def _attn_fwd_step(
+    m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_m, offs_n, seq_len, qk_scale,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIAGONAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """One step of the online softmax: the ``BLOCK_N`` keys from ``start_n`` into the running max ``m_i``
+    (base 2), normaliser ``l_i`` and float32 accumulator ``acc`` of the query tile ``q`` (query positions
+    ``offs_m``; ``offs_n = arange(BLOCK_N)``). ``DIAGONAL``: masked loads and the causal mask; else every key
+    precedes every query."""
+    cols = start_n + offs_n
+    k = load_tile(K, batch, kv_head, start_n, seq_len, stride_kb, stride_kh, stride_kn, stride_kd,
+                  BLOCK_N, HEAD_DIM, USE_TMA, DIAGONAL)
+    s = tl.dot(q, mma_operand(tl.trans(k), UPCAST), input_precision=DOT_PRECISION) * qk_scale
+    if DIAGONAL:  # causal mask; it also hides the keys past seq_len
+        s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = load_tile(V, batch, kv_head, start_n, seq_len, stride_vb, stride_vh, stride_vn, stride_vd,
+                  BLOCK_N, HEAD_DIM, USE_TMA, DIAGONAL)
+    p = mma_operand(p.to(v.dtype), UPCAST)
+    acc = tl.dot(p, mma_operand(v, UPCAST), acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attn_fwd_inner(
+    m_i, l_i, acc, q, K, V, Indices, first, end, batch, kv_head, start_m, offs_m, offs_n, seq_len, qk_scale,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """The online softmax of the query tile over a run of key tiles, one :func:`_attn_fwd_step` each.
+    ``DIAGONAL=False``: the key blocks of CSR entries ``first .. end`` (wholly before the queries), in
+    ``BLOCK_N``-wide sub-tiles, the block index read indirectly, pipelined ``NUM_STAGES`` deep.
+    ``DIAGONAL=True``: the query block's own key block up to the tile's last query, a plain loop."""
+    SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    if DIAGONAL:
+        q_block = start_m // BLOCK_SIZE
+        for start_n in range(q_block * BLOCK_SIZE, start_m + BLOCK_M, BLOCK_N):
+            m_i, l_i, acc = _attn_fwd_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_m, offs_n,
+                                           seq_len, qk_scale,
+                                           stride_kb, stride_kh, stride_kn, stride_kd,
+                                           stride_vb, stride_vh, stride_vn, stride_vd,
+                                           BLOCK_N, HEAD_DIM, True, DOT_PRECISION, UPCAST, USE_TMA)
+    else:
+        for t in tl.range(first * SUBTILES, end * SUBTILES, num_stages=NUM_STAGES):
+            start_n = tl.load(Indices + t // SUBTILES) * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N
+            m_i, l_i, acc = _attn_fwd_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_m, offs_n,
+                                           seq_len, qk_scale,
+                                           stride_kb, stride_kh, stride_kn, stride_kd,
+                                           stride_vb, stride_vh, stride_vn, stride_vd,
+                                           BLOCK_N, HEAD_DIM, False, DOT_PRECISION, UPCAST, USE_TMA)
+    return m_i, l_i, acc
+
+
 @triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
-def _scheduled_attention_fwd(
+def attention_fwd_kernel(
     Q, K, V, Out, Lse, Offsets, Indices,
     qk_scale,  # softmax scale * log2(e)
     seq_len, num_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
@@ -63,7 +148,11 @@ def _scheduled_attention_fwd(
     RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
 ):
-    SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
+    """Grid ``(cdiv(S, BLOCK_M), B * H)``: ``Out [B, H, S, D]`` and, with ``RETURN_LSE``, the natural-log
+    ``Lse [B, H, S]`` (float32) of queries ``BLOCK_M * i ..`` of lane ``(b, h)``, reading key/value head
+    ``h // kv_group``. ``Offsets``/``Indices``: int32 CSR rows (sorted, causal, the diagonal last when
+    present), shared (``lane_row_stride = 0``) or ``n`` rows per lane. ``BLOCK_M`` and ``BLOCK_N`` divide
+    ``BLOCK_SIZE``. Q, K, V, Out are descriptors with ``USE_TMA``, else pointers."""
     # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     lane = tl.program_id(1)
@@ -78,9 +167,9 @@ def _scheduled_attention_fwd(
     offs_n = tl.arange(0, BLOCK_N)
 
     # -- load the query tile once; running max (base 2), normaliser and accumulator
-    q = _load_tile(Q, batch, head, start_m, seq_len, stride_qb, stride_qh, stride_qm, stride_qd,
-                   BLOCK_M, HEAD_DIM, USE_TMA, True)
-    q = _mma_operand(q, UPCAST)
+    q = load_tile(Q, batch, head, start_m, seq_len, stride_qb, stride_qh, stride_qm, stride_qd,
+                  BLOCK_M, HEAD_DIM, USE_TMA, True)
+    q = mma_operand(q, UPCAST)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
@@ -92,65 +181,50 @@ def _scheduled_attention_fwd(
     end_full = last - has_diagonal.to(tl.int32)
 
     # -- off-diagonal blocks lie wholly before the queries: no mask
-    for t in tl.range(first * SUBTILES, end_full * SUBTILES, num_stages=NUM_STAGES):
-        k_block = tl.load(Indices + t // SUBTILES)
-        start_n = k_block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N
-        k = _load_tile(K, batch, kv_head, start_n, seq_len, stride_kb, stride_kh, stride_kn, stride_kd,
-                       BLOCK_N, HEAD_DIM, USE_TMA, False)
-        s = tl.dot(q, _mma_operand(tl.trans(k), UPCAST), input_precision=DOT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(V, batch, kv_head, start_n, seq_len, stride_vb, stride_vh, stride_vn, stride_vd,
-                       BLOCK_N, HEAD_DIM, USE_TMA, False)
-        p = _mma_operand(p.to(v.dtype), UPCAST)
-        acc = tl.dot(p, _mma_operand(v, UPCAST), acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q, K, V, Indices, first, end_full, batch, kv_head, start_m,
+                                    offs_m, offs_n, seq_len, qk_scale,
+                                    stride_kb, stride_kh, stride_kn, stride_kd,
+                                    stride_vb, stride_vh, stride_vn, stride_vd,
+                                    BLOCK_SIZE, BLOCK_M, BLOCK_N, HEAD_DIM, False, DOT_PRECISION, NUM_STAGES,
+                                    UPCAST, USE_TMA)
 
     # -- the diagonal block: causal mask, and key bounds for a partial last block
     if has_diagonal:
-        for start_n in range(q_block * BLOCK_SIZE, start_m + BLOCK_M, BLOCK_N):
-            cols = start_n + offs_n
-            k = _load_tile(K, batch, kv_head, start_n, seq_len, stride_kb, stride_kh, stride_kn, stride_kd,
-                           BLOCK_N, HEAD_DIM, USE_TMA, True)
-            s = tl.dot(q, _mma_operand(tl.trans(k), UPCAST), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(offs_m[:, None] >= cols[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = _load_tile(V, batch, kv_head, start_n, seq_len, stride_vb, stride_vh, stride_vn, stride_vd,
-                           BLOCK_N, HEAD_DIM, USE_TMA, True)
-            p = _mma_operand(p.to(v.dtype), UPCAST)
-            acc = tl.dot(p, _mma_operand(v, UPCAST), acc * alpha[:, None], input_precision=DOT_PRECISION)
-            m_i = m_new
+        m_i, l_i, acc = _attn_fwd_inner(m_i, l_i, acc, q, K, V, Indices, first, end_full, batch, kv_head, start_m,
+                                        offs_m, offs_n, seq_len, qk_scale,
+                                        stride_kb, stride_kh, stride_kn, stride_kd,
+                                        stride_vb, stride_vh, stride_vn, stride_vd,
+                                        BLOCK_SIZE, BLOCK_M, BLOCK_N, HEAD_DIM, True, DOT_PRECISION, NUM_STAGES,
+                                        UPCAST, USE_TMA)
 
     # -- normalise and store; the log-sum-exp in natural log for the backward and for merging
     acc = acc / l_i[:, None]
-    if USE_TMA:  # the descriptor clips rows past the sequence
-        Out.store([batch, head, start_m, 0], acc.to(Out.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    else:
-        o_ptrs = (Out + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + offs_m[:, None].to(tl.int64) * stride_om
-                  + tl.arange(0, HEAD_DIM)[None, :] * stride_od)
-        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=offs_m[:, None] < seq_len)
+    store_tile(Out, acc, batch, head, start_m, seq_len, stride_ob, stride_oh, stride_om, stride_od,
+               BLOCK_M, HEAD_DIM, USE_TMA)
     if RETURN_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(Lse + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + offs_m, lse, mask=offs_m < seq_len)
 
 
-INTERPRETED: bool = isinstance(_scheduled_attention_fwd, InterpretedFunction)
-"""True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernel then runs on the CPU."""
+INTERPRETED: bool = isinstance(attention_fwd_kernel, InterpretedFunction)
+"""True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernels then run on the CPU."""
 
 
 def tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
-    """Tile sizes, warps, pipeline depth and whether to read tiles through TMA descriptors (``TMA``, used only
-    where :func:`tma_eligible` allows); tiles divide the schedule's block size. Chosen by
-    ``python -m topo_attn.attention.tune`` on an H200 (see NOTES.md)."""
+    """Launch configuration of :func:`attention_fwd_kernel` (the tuned defaults; numbers in NOTES.md).
+
+    Arguments:
+        block_size: the schedule's block size (a power of two >= 16).
+        head_dim: D.
+        dtype: the inputs' dtype (float16, bfloat16 or float32).
+
+    Returns a dict with ``BLOCK_M`` and ``BLOCK_N`` (each divides ``block_size``), ``num_warps``,
+    ``NUM_STAGES`` (pipeline depth of the off-diagonal loop) and ``TMA`` (read tiles through tensor
+    descriptors where :func:`tma_eligible` allows). Raises nothing."""
     tma = False
     if dtype == torch.float32:  # fp32 operands: IEEE dots, twice the bytes per tile
         block_m, block_n, warps, stages = (64 if head_dim <= 64 else 32), 32, 4, 2
-    elif head_dim == 128:  # TMA pays here (NOTES.md, v2)
+    elif head_dim == 128:  # TMA descriptors, measured faster here
         block_m, block_n, warps, stages, tma = (128, 128, 8, 2, True) if block_size >= 128 else (64, 64, 4, 2, True)
     elif block_size >= 128 and head_dim <= 128:
         block_m, block_n, warps, stages = 128, 128, 8, 3
@@ -161,9 +235,11 @@ def tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
 
 
 def tma_eligible(*tensors: torch.Tensor) -> bool:
-    """Whether TMA descriptors can address these ``[B, H, S, D]`` tensors: triton has host descriptors, the
-    GPU is a Hopper or newer (or the interpreter runs), the last dimension is contiguous and the base and the
-    other strides are multiples of 16 bytes."""
+    """Whether TMA descriptors can address all these ``[B, H, S, D]`` tensors.
+
+    True when triton has host descriptors, the GPU is a Hopper or newer (or the interpreter runs), and every
+    tensor's last dimension is contiguous with its base address and other strides multiples of 16 bytes.
+    Raises nothing for CPU tensors; for CUDA tensors the device is queried."""
     if TensorDescriptor is None:
         return False
     if not INTERPRETED and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
@@ -182,9 +258,21 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> "TensorDescriptor":
 def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
                                 indices: torch.Tensor, block_size: int, shared: bool, scale: float,
                                 return_lse: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch on validated inputs. q: ``[B, H, S, D]``; k, v: ``[B, H_kv, S, D]`` (any strides);
-    offsets/indices: int32 CSR on q's device. ``config`` overrides :func:`tile_config` (for tuning and tests).
-    Returns ``out [B, H, S, D]`` (q's dtype) and, if asked, ``lse [B, H, S]`` float32."""
+    """Launch :func:`attention_fwd_kernel` on inputs already validated by ``scheduled_attention`` (nothing is
+    checked here).
+
+    Arguments:
+        q: ``[B, H, S, D]``, float16 | bfloat16 | float32, any strides, on CUDA (or the CPU in the interpreter).
+        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``.
+        offsets, indices: the schedule's int32 CSR (``BlockSchedule.offsets`` / ``.indices``) on q's device.
+        block_size: the schedule's block size.
+        shared: True for one row set for every lane, False for one per ``(b, h)`` lane.
+        scale: the softmax scale.
+        return_lse: also return the log-sum-exp.
+        config: overrides :func:`tile_config` (same keys; for tuning and tests).
+
+    Returns ``(out, lse)``: ``out [B, H, S, D]`` in q's dtype (contiguous like ``torch.empty_like(q)``) and
+    ``lse [B, H, S]`` float32 natural log, or ``None`` without ``return_lse``."""
     batch, heads, seq_len, head_dim = q.shape
     out = torch.empty_like(q)
     lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device) if return_lse else out
@@ -195,7 +283,7 @@ def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     tiles = ((_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m))
              if use_tma else (q, k, v, out))
-    _scheduled_attention_fwd[grid](
+    attention_fwd_kernel[grid](
         *tiles, lse, offsets, indices,
         scale * LOG2E,
         seq_len, heads, heads // k.shape[1], 0 if shared else nb,

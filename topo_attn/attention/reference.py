@@ -16,7 +16,10 @@ def dense_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sc
     floating dtype (float64 for a reference). Computed in the inputs' dtype with ``O(S^2)`` memory.
     Returns the output in the inputs' shape and dtype and, with ``return_lse``, the natural-log
     log-sum-exp of the scaled scores per query, ``[S]`` or ``[B, H, S]``. ``rows`` computes only those
-    query rows (``[..., len(rows), D]``), so long sequences can be checked on a sample."""
+    query rows (``[..., len(rows), D]``), so long sequences can be checked on a sample.
+
+    Raises ``TypeError`` / ``ValueError`` like :func:`scheduled_attention` for mismatched shapes, a schedule
+    built for another length, lanes or device, and a bad scale (any floating dtype and device are accepted)."""
     shape = check_qkv(q, k, v)
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)

@@ -54,7 +54,11 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     Differentiable w.r.t. q, k and v (a Triton backward pass; gradients come back in the inputs' shapes and
     dtypes, deterministic bit for bit). The schedule carries no gradient, and the returned log-sum-exp is
     not differentiable (it is marked so: backpropagating through it alone raises). Second derivatives are
-    not supported and raise."""
+    not supported and raise.
+
+    Raises ``TypeError`` / ``ValueError`` naming the argument, before any launch, for bad shapes, dtypes,
+    devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, a schedule built for
+    another length, lanes or device, and a non-finite, zero or non-float scale."""
     from .forward import INTERPRETED  # triton is imported on first use
 
     shape = check_qkv(q, k, v)

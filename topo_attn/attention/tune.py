@@ -23,6 +23,9 @@ SHAPES = [
 
 
 def candidates(block_size: int, head_dim: int):
+    """Yield the forward configurations to time for one shape: dicts with ``BLOCK_M``, ``BLOCK_N`` (each at most
+    ``block_size``), ``num_warps``, ``NUM_STAGES`` and ``TMA``, as :func:`~topo_attn.attention.forward.tile_config`
+    returns them."""
     for block_m, block_n, warps, stages, tma in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4),
                                                                   (False, True)):
         if block_m > block_size or block_n > block_size:
@@ -33,6 +36,9 @@ def candidates(block_size: int, head_dim: int):
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the sweep over ``SHAPES`` on the current CUDA device and print, per shape, SDPA's time, the
+    schedule's limit and the six fastest configurations. ``argv``: ``[--dtype NAME]`` (default bfloat16).
+    Needs a CUDA GPU; a configuration that fails to compile or run is printed as failed and skipped."""
     import triton
 
     import topo_attn as ta

@@ -1,4 +1,4 @@
-"""Sweep tile configurations of the forward kernel on a GPU: ``python -m topo_attn.attention.tune``.
+"""Sweep tile configurations of the forward kernel on a GPU: ``python -m topo_attn.bench.tune``.
 
 For each shape, every candidate (BLOCK_M, BLOCK_N, num_warps, NUM_STAGES) is checked against the float32
 reference on sampled rows, then timed (median of CUDA-event timings). The winners feed ``tile_config``;

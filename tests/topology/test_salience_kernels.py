@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import topo_attn as ta
-from topo_attn.topology.gpu.salience import MAX_BLOCKS, salience_kernels
+from topo_attn.topology.gpu import MAX_BLOCKS
+from topo_attn.topology.gpu.salience import salience_kernels
 
 
 def _cpu_salience(centroids: torch.Tensor) -> torch.Tensor:
@@ -91,19 +91,15 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
     """Prim's order by Euler tours and binary lifting (:mod:`topo_attn.topology.gpu.prim_order`) against the
     step-by-step walk over the same Boruvka trees: the same blocks, pairs and lengths at every position.
     Random centroids, one dimension (the tree is a path: deep tours and long climbs) and lattice ties."""
-    import triton
-
-    from topo_attn.topology.gpu import salience as sk
-    from topo_attn.topology.gpu.pdl import pdl_options
+    from topo_attn.topology.gpu.boruvka import boruvka
+    from topo_attn.topology.gpu.prim import edge_ranks, tree_prim_order
     from topo_attn.topology.gpu.prim_order import prim_order_parallel
 
     gen = torch.Generator().manual_seed(n * dim + lanes)
     centroids = torch.randint(0, 6, (lanes, n, dim), generator=gen).double() if ties else \
         torch.randn(lanes, n, dim, generator=gen, dtype=torch.float64)
-    lo, hi, length, by_rank, _ = sk._boruvka(centroids.to(device))
-    block = triton.next_power_of_2(n)
-    sk._edge_rank_kernel[(triton.cdiv(n, 64), lanes)](lo, hi, length, by_rank, n, ROWS=64, COLS=min(64, block),
-                                                      **pdl_options(by_rank.device, lanes))
+    lo, hi, length, by_rank = boruvka(centroids.to(device))
+    edge_ranks(lo, hi, length, by_rank)
     outputs = []
     for parallel in (False, True):
         order, pair = torch.zeros(2, lanes, n, dtype=torch.int32, device=device).unbind(0)
@@ -111,14 +107,36 @@ def test_parallel_prim_order_equals_the_steps(lanes, n, dim, ties, device):
         if parallel:
             prim_order_parallel(lo, hi, length, by_rank, order, pair, lengths)
         else:
-            unused = torch.zeros(3, lanes, n, dtype=torch.int32, device=device)
-            sk._tree_prim_kernel[(lanes,)](lo, hi, length, by_rank, order, pair, lengths, unused[0], unused[1],
-                                           lengths.clone(), n, BLOCK=block, ROWS=16, COLS=min(256, block), ELDER=False,
-                                           **pdl_options(order.device, lanes))
+            unused = torch.zeros(2, lanes, n, dtype=torch.int32, device=device)
+            tree_prim_order(lo, hi, length, by_rank, order, pair, lengths, unused[0], unused[1], lengths.clone(),
+                            elder=False)
         outputs.append((order.cpu(), pair[:, 1:].cpu(), lengths[:, 1:].cpu()))
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
     got = salience_kernels(centroids.to(device), mst="boruvka", parallel_order=True).cpu()
     assert torch.equal(got, salience_kernels(centroids.to(device), mst="boruvka", parallel_order=False).cpu())
+
+
+@pytest.mark.parametrize("lanes, n", [(1, 40), (2, 1100)])
+def test_edge_ranks_sort_the_tree_edges(lanes, n, device):
+    """The rank kernel against a sort by ``(length, lo, hi)``: ``n - 1`` distinct edges per lane in random order
+    with lattice lengths (many ties, broken by the pair). 1100 blocks: each edge is compared with the others in
+    three column chunks, and each lane's ranks come from many programs."""
+    from topo_attn.topology.gpu.prim import edge_ranks
+
+    gen = torch.Generator().manual_seed(n + lanes)
+    lo, hi, length = torch.zeros(3, lanes, n, dtype=torch.float64)
+    want = []
+    for lane in range(lanes):
+        order = torch.randperm(n - 1, generator=gen)
+        lo_l = order  # (distinct low ends: distinct pairs)
+        hi_l = lo_l + 1 + (torch.rand(n - 1, generator=gen) * (n - 1 - lo_l)).long()
+        length_l = torch.randint(0, 4, (n - 1,), generator=gen).double()
+        lo[lane, :n - 1], hi[lane, :n - 1], length[lane, :n - 1] = lo_l, hi_l, length_l
+        want.append(sorted(range(n - 1), key=lambda e: (length_l[e].item(), lo_l[e].item() * n + hi_l[e].item())))
+    assert bool((hi[:, :n - 1] < n).all() and (lo < hi)[:, :n - 1].all())
+    by_rank = torch.zeros(lanes, n, dtype=torch.int32, device=device)
+    edge_ranks(lo.int().to(device), hi.int().to(device), length.to(device), by_rank)
+    assert by_rank[:, :n - 1].tolist() == want
 
 
 @settings(max_examples=15, deadline=None)
@@ -134,18 +152,18 @@ def test_parallel_prim_order_gives_the_cpu_saliences(n, dim, ties, seed):
     _assert_cpu_saliences(got, centroids)
 
 
-@pytest.mark.parametrize("fused_lanes, first_fused", [(3, True), (3, False), (0, False)])
-def test_boruvka_hooks_fused_or_launched_alone_give_the_cpu_saliences(fused_lanes, first_fused, device, monkeypatch):
-    """Each round's hooks run in the last search program of the lane to finish (the first round's in the
-    distance kernel or alone), or in a launch of their own: all give the CPU path's saliences (three lanes
-    of 150 blocks in 5 x 5 tiles; lattice ties in one lane)."""
-    from topo_attn.topology.gpu import salience as sk
+@pytest.mark.parametrize("lanes", [[0], [1], [0, 1, 2]], ids=["random-alone", "ties-alone", "three-lanes"])
+def test_boruvka_hooks_fused_or_launched_alone_give_the_cpu_saliences(lanes, device):
+    """Builds of one lane run each round's hooks (after the first round's own launch) in the last search
+    program of the lane to finish; builds of more lanes in a launch of their own: both give the CPU path's
+    saliences (lanes of 150 blocks in 5 x 5 tiles; lattice ties in the second lane)."""
+    from topo_attn.topology.gpu.boruvka import HOOKS_IN_SEARCH_MAX_LANES
 
-    monkeypatch.setattr(sk, "HOOKS_IN_SEARCH_MAX_LANES", fused_lanes)
-    monkeypatch.setattr(sk, "FIRST_HOOKS_IN_DISTANCES", first_fused)
+    assert (len(lanes) <= HOOKS_IN_SEARCH_MAX_LANES) == (len(lanes) == 1)  # one path each
     gen = torch.Generator().manual_seed(150)
     centroids = torch.randn(3, 150, 6, generator=gen, dtype=torch.float64)
     centroids[1] = torch.randint(0, 3, (150, 6), generator=gen).double()
+    centroids = centroids[lanes]
     got = salience_kernels(centroids.to(device), mst="boruvka").cpu()
     _assert_cpu_saliences(got, centroids)
 
@@ -200,15 +218,18 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
     want = ta.topology_schedule(keys[:, None], block_size, window, sinks, topk) if lanes > 1 else \
         ta.topology_schedule(keys[0], block_size, window, sinks, topk)
     nb = want.num_blocks
-    offsets, indices = build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb),
-                                  min(window, nb - 1))
+    offsets, indices, finite = build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb),
+                                          min(window, nb - 1))
+    assert finite is True
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
-    # a non-finite key in the first block, then in the last (in the last distance tile when there are several)
+    # a non-finite key in the first block, then in the last (in the last distance tile when there are several):
+    # flagged, for the caller to raise
     for row, value in ((5, float("nan")), (seq - 1, float("inf"))):
         bad = keys.clone()
         bad[-1, row, 3] = value
-        with pytest.raises(ValueError, match="keys contains NaN or Inf"):
-            build_rows(bad.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb), min(window, nb - 1))
+        offsets, indices, finite = build_rows(bad.to(device), block_size, torch.float64, min(topk, nb),
+                                              min(sinks, nb), min(window, nb - 1))
+        assert finite is False and offsets.shape == (lanes * nb + 1,)
 
 
 @pytest.mark.cuda
@@ -216,7 +237,7 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
 @pytest.mark.parametrize("strided", [False, True])
 @pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided, poll, monkeypatch):
+def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, strided, poll):
     """Three builds of one shape, back to back, replay one cached graph that reads each build's keys in place:
     each equals the CPU schedule for its own keys, the first is unchanged by the later replays, keys changed
     in place give their new schedule, and the launch-by-launch build gives the same rows. 8 lanes of 300
@@ -225,36 +246,39 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, str
     after a stream sync."""
     from topo_attn.topology.gpu import graph as build
 
-    if not poll:
-        monkeypatch.setattr(build, "STATUS_SPINS", 0)
+    def rows(keys, **options):  # topology_schedule's GPU build of [B, H, S, D] keys, with the build's options
+        spins = build.STATUS_SPINS if poll else 0
+        offsets, indices, finite = build.build_rows(keys.reshape(-1, *keys.shape[2:]), 64, dtype, 6, 1, 1,
+                                                    status_spins=spins, **options)
+        return offsets, indices, finite
+
+    def assert_cpu_schedule(got, keys):
+        want = ta.topology_schedule(keys, 64, 1, 1, 6)
+        assert got[2] is True
+        assert torch.equal(got[0].cpu(), want.offsets) and torch.equal(got[1].cpu(), want.indices)
 
     gen = torch.Generator().manual_seed(11)
     keys = [torch.randn(2, heads, 64 * blocks, 32, generator=gen) for _ in range(3)]
     if strided:  # [B, H, S, D] views of [S, B, H, D] tensors
         keys = [k.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for k in keys]
-    assert build._lane_groups(2 * heads, blocks, dtype) == (1 if blocks < build.GROUP_MIN_BLOCKS else build.LANE_GROUPS)
+    assert build.lane_groups(2 * heads, blocks, dtype) == (1 if blocks < build.GROUP_MIN_BLOCKS else build.LANE_GROUPS)
     build.clear_graphs()
     on_gpu = [k.cuda() for k in keys]
-    got = [ta.topology_schedule(k, 64, 1, 1, 6, dtype=dtype) for k in on_gpu]
-    assert len(build._graphs) == 1
-    for k, schedule in zip(keys, got):
-        want = ta.topology_schedule(k, 64, 1, 1, 6)
-        assert torch.equal(schedule.offsets.cpu(), want.offsets) and torch.equal(schedule.indices.cpu(), want.indices)
+    got = [rows(k) for k in on_gpu]
+    assert build.cached_graphs() == 1
+    for k, rows_k in zip(keys, got):
+        assert_cpu_schedule(rows_k, k)
     on_gpu[1].copy_(keys[2].flip(2))
-    want = ta.topology_schedule(keys[2].flip(2), 64, 1, 1, 6)
-    again = ta.topology_schedule(on_gpu[1], 64, 1, 1, 6, dtype=dtype)
-    assert torch.equal(again.offsets.cpu(), want.offsets) and torch.equal(again.indices.cpu(), want.indices)
-    build.USE_GRAPHS = False
-    try:
-        eager = ta.topology_schedule(on_gpu[0], 64, 1, 1, 6, dtype=dtype)
-    finally:
-        build.USE_GRAPHS = True
-    assert torch.equal(eager.offsets, got[0].offsets) and torch.equal(eager.indices, got[0].indices)
+    assert_cpu_schedule(rows(on_gpu[1]), keys[2].flip(2))
+    eager = rows(on_gpu[0], use_graph=False)
+    assert eager[2] is True
+    assert torch.equal(eager[0], got[0][0]) and torch.equal(eager[1], got[0][1])
     bad = keys[1].cuda()
     bad[1, 2, 100, 0] = float("inf")
+    assert rows(bad)[2] is False
     with pytest.raises(ValueError, match="keys contains NaN or Inf"):
         ta.topology_schedule(bad, 64, 1, 1, 6, dtype=dtype)
-    assert len(build._graphs) == 1
+    assert build.cached_graphs() == 1
 
 
 def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:
@@ -272,36 +296,47 @@ def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Ten
     return keys
 
 
-@pytest.mark.parametrize("blocks", [16, 64])
-def test_boruvka_flags_the_rounds_after_which_a_tree_is_incomplete(blocks, device):
-    """Ruler centroids of 2^k blocks need every Boruvka round: the flag of each round but the last is set; in a second lane
-    of random centroids (a few rounds suffice) the flags stay those of the ruler lane. A single lane of
-    random centroids: the flags fall to 0 after the round that completes its tree, and stay 0."""
-    from topo_attn.topology.gpu import salience as sk
+def _boruvka_rounds(centroids: torch.Tensor) -> int:
+    """How many Boruvka rounds the minimum spanning tree of ``centroids [n, D]`` needs (a plain loop over all
+    pairs: each component hooks its lightest edge under the strict order ``(distance, i, j)``)."""
+    n = centroids.shape[0]
+    dist = torch.cdist(centroids, centroids, compute_mode="donot_use_mm_for_euclid_dist").tolist()
+    comp, rounds = list(range(n)), 0
+    while len(set(comp)) > 1:
+        lightest = {}
+        for i in range(n):
+            for j in range(i + 1, n):
+                if comp[i] != comp[j]:
+                    for c in (comp[i], comp[j]):
+                        lightest[c] = min(lightest.get(c, (dist[i][j], i, j)), (dist[i][j], i, j))
+        for _, i, j in lightest.values():
+            old, new = max(comp[i], comp[j]), min(comp[i], comp[j])
+            comp = [new if c == old else c for c in comp]
+        rounds += 1
+    return rounds
 
+
+@pytest.mark.parametrize("blocks", [16, 64])
+def test_boruvka_completes_trees_that_need_every_round(blocks, device):
+    """Ruler centroids of 2^k blocks need every Boruvka round (each round merges neighbouring components in
+    pairs): alone (the hooks in the searches) and next to a lane of random centroids (the hooks in launches of
+    their own), the kernels give the CPU path's saliences."""
     ruler = ta.block_centroids(_ruler_keys(1, blocks, 1, 3)[0, 0], 1, torch.float64)
     random = torch.randn(blocks, 3, generator=torch.Generator().manual_seed(blocks), dtype=torch.float64)
-    rounds = (blocks - 1).bit_length()
-    flags = sk._boruvka(torch.stack([ruler, random]).to(device))[4].tolist()
-    assert flags == [1] * (rounds - 1) + [0]
-    flags = sk._boruvka(random[None].to(device))[4].tolist()
-    done = flags.index(0)
-    assert 1 <= done < rounds - 1 and flags[done:] == [0] * (rounds - done)
+    assert _boruvka_rounds(ruler) == (blocks - 1).bit_length() > _boruvka_rounds(random)
+    for centroids in (ruler[None], torch.stack([ruler, random])):
+        got = salience_kernels(centroids.to(device), mst="boruvka").cpu()
+        _assert_cpu_saliences(got, centroids)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("skip_from", [2, None])
 @pytest.mark.parametrize("lanes, blocks", [(1, 512), (8, 300)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, skip_from, monkeypatch):
+def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks):
     """One cached graph replayed for random keys (a few Boruvka rounds do work) and for ruler keys (every
-    round does): the rounds the graph skips once all trees are complete (``SKIP_ROUNDS_FROM``) are decided
-    at each replay, so every build equals the CPU schedule."""
-    from topo_attn.topology.gpu import graph as build, salience
+    round does): every build equals the CPU schedule."""
+    from topo_attn.topology.gpu import graph as build
 
-    if skip_from is not None and not hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node"):
-        pytest.skip("this PyTorch has no conditional CUDA graph nodes")
-    monkeypatch.setattr(salience, "SKIP_ROUNDS_FROM", skip_from)
     gen = torch.Generator().manual_seed(blocks)
     random = torch.randn(1, lanes, blocks * 64, 32, generator=gen, dtype=torch.float64)
     build.clear_graphs()
@@ -309,7 +344,7 @@ def test_build_graph_runs_every_round_that_a_tree_needs(dtype, lanes, blocks, sk
         got = ta.topology_schedule(keys.cuda().float(), 64, 1, 1, 8, dtype=dtype)
         want = ta.topology_schedule(keys.float(), 64, 1, 1, 8)
         assert torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.indices.cpu(), want.indices)
-    assert len(build._graphs) == 1
+    assert build.cached_graphs() == 1
 
 
 @pytest.mark.cuda
@@ -335,9 +370,9 @@ def test_distances_are_exact_differences(lanes, device):
     """The distance kernel: symmetric bit for bit, zero on the diagonal and between duplicates, equal to the
     difference formula up to the rounding of the sum. (One lane takes 4 features per step, more lanes 2: 19
     features leave a partial last step for both.)"""
-    from topo_attn.topology.gpu.salience import _distance_unroll, distances
+    from topo_attn.topology.gpu.distances import distance_unroll, distances
 
-    assert 19 % _distance_unroll(lanes) != 0
+    assert 19 % distance_unroll(lanes) != 0
     gen = torch.Generator().manual_seed(2)
     centroids = torch.randn(lanes, 45, 19, generator=gen, dtype=torch.float64)
     centroids[:, 7] = centroids[:, 30]  # duplicates
@@ -361,7 +396,8 @@ def test_rule_rows_kernel_equals_the_torch_assembly(lanes, nb, sinks, window, to
     salience = torch.randint(0, 5, (lanes, nb), generator=gen).double()
     want = ta.schedule_from_salience(salience, 16, 16 * nb, window, sinks, topk, None if lanes == 1 else (lanes, 1))
     sinks, window, topk = min(sinks, nb), min(window, nb - 1), min(topk, nb)
-    offsets, indices = rule_rows(salience.to(device), topk, sinks, window)
+    offsets, indices, finite = rule_rows(salience.to(device), topk, sinks, window)
+    assert finite is True
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
 
 
@@ -390,7 +426,7 @@ def test_schedule_from_salience_rejects_non_finite_saliences(bad, device):
         ta.schedule_from_salience(salience.to(device), 16, 640, 1, 1, 4, (2, 1))
 
 
-def test_build_status_is_polled_then_synced(monkeypatch):
+def test_build_status_is_polled_then_synced():
     """The build's status read: a status already written is returned at once; one still unwritten (-1) after
     the polls is read after the stream sync; still unwritten after the sync raises instead of returning a
     count of -1."""
@@ -413,13 +449,14 @@ def test_build_status_is_polled_then_synced(monkeypatch):
             self.stream = Stream(status, value)
 
     written = Graph(np.array([37, 1]), None)
-    assert build._read_status(written) == (37, 1) and written.stream.syncs == 0
-    monkeypatch.setattr(build, "STATUS_SPINS", 5)
+    assert build.read_status(written, build.STATUS_SPINS) == (37, 1) and written.stream.syncs == 0
     late = Graph(np.array([-1, -1]), (12, 0))
-    assert build._read_status(late) == (12, 0) and late.stream.syncs == 1
+    assert build.read_status(late, 5) == (12, 0) and late.stream.syncs == 1
     half = Graph(np.array([40, -1]), None)  # the count written, the flag not yet
     with pytest.raises(RuntimeError, match="without writing its status"):
-        build._read_status(half)
+        build.read_status(half, 5)
+    synced = Graph(np.array([-1, -1]), (3, 1))  # no polls: the sync at once
+    assert build.read_status(synced, 0) == (3, 1) and synced.stream.syncs == 1
 
 
 def test_pdl_is_off_where_it_cannot_run():

@@ -21,8 +21,8 @@ FEATURE_TILE = 64
 """Most features per program; a wider head dim is split over the grid's third axis."""
 
 NUM_WARPS = 1
-"""Warps per program: on the H200, 32 heads of 32k bf16 keys take 0.083 ms on 1 warp, 0.115 ms on 2, 0.154 ms on
-4 and (64 x 128 tiles) 0.255 ms on 8 warps."""
+"""Warps per program: one was the fastest in an H200 sweep of 1, 2, 4 and 8 (topology/NOTES.md, "Numbers that
+were in the code")."""
 
 
 @triton.jit
@@ -54,13 +54,25 @@ def _centroid_kernel(Keys, KeysAt, Out, seq, dim, block_size, stride_kl, stride_
 
 def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64,
                            out: torch.Tensor | None = None, keys_at: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean of each block of ``block_size`` rows of keys ``[L, S, D]`` (any float dtype, any strides, on a
-    CUDA device or, in Triton's interpreter, the CPU) -> ``[L, n, D]`` in ``dtype`` (float32 or float64) with
-    ``n = ceil(S / block_size)``; a partial last block averages its real rows. Sums are taken in ``dtype``.
-    ``out``: an ``[L, n, D]`` tensor of ``dtype`` on the keys' device, any strides, to write into (a CUDA
-    graph's input). ``keys_at``: an int64 ``[1]`` tensor the kernel can read (pinned host memory for a CUDA
-    graph) holding the address of the keys to read when the kernel runs; ``keys`` then only gives their
-    dtype, shape and strides."""
+    """Mean of each block of ``block_size`` key rows, summed in ``dtype``; a partial last block averages its
+    real rows. One launch, no host sync.
+
+    Arguments:
+        keys: ``[L, S, D]``, any float dtype, any strides, on a CUDA device or (Triton's interpreter) the CPU.
+        block_size: rows per block, ``>= 1``.
+        dtype: the dtype of the sums and the result, float32 or float64.
+        out: an ``[L, n, D]`` tensor of ``dtype`` on the keys' device, any strides, to write into (a CUDA
+            graph's input), or None.
+        keys_at: an int64 ``[1]`` tensor the kernel can read (device or pinned host memory) holding the address
+            of the keys to read when the kernel runs, or None; ``keys`` then only gives their dtype, shape and
+            strides.
+
+    Returns:
+        ``[L, n, D]`` in ``dtype`` (``out`` if given) with ``n = ceil(S / block_size)``.
+
+    Raises:
+        TypeError: ``dtype`` is not float32 or float64.
+    """
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     lanes, seq, dim = keys.shape

@@ -8,7 +8,7 @@ launches cost more host time than the GPU spends on a shared schedule at 32k. Th
 keys in place and the rows kernel writes a new buffer for each build, so a schedule never aliases the graph's
 buffers: both addresses are written to pinned host memory before each replay and copied to the device by the
 graph's first node. The rows kernel writes the entry count and the finiteness flag to pinned host memory,
-which the host polls (:data:`STATUS_SPINS`). On Hopper the kernels are chained by programmatic dependent
+which the host polls (:func:`read_status`). On Hopper the kernels are chained by programmatic dependent
 launch (:mod:`.pdl`).
 """
 
@@ -20,8 +20,9 @@ import torch
 import triton
 
 from .centroids import block_centroids_kernel
+from .distances import finite_flags
 from .rows import rows_size, rule_launch, split_rows
-from .salience import choose_mst, finite_flags, salience_and_finite
+from .salience import choose_mst, salience_and_finite
 
 GRAPH_MAX_BYTES = 512 * 2**20
 """Largest distance scratch (``lanes * n * n`` entries of the build's dtype) that a cached graph may hold;
@@ -30,14 +31,9 @@ larger builds run launch by launch (their GPU time dwarfs the launches)."""
 MAX_GRAPHS = 8
 """Most graphs kept; the least recently used one is dropped first."""
 
-USE_GRAPHS = True
-"""Set to False to run every build launch by launch (for profiling the stages)."""
-
 STATUS_SPINS = 20000
-"""After a replay the host reads the status (entry count, finiteness flag) from pinned memory as soon as the
-rows kernel has written it, polling up to this many times (a few milliseconds), instead of waiting for the
-whole graph in a stream sync; a build that takes longer falls back to the sync. 0: always the sync. The
-returned rows may still be being written then: like any CUDA result, they are ordered on the stream."""
+"""How many times :func:`build_rows` polls a replay's status by default (a few milliseconds) before it falls back
+to a stream sync."""
 
 _graphs: OrderedDict[tuple, "_BuildGraph"] = OrderedDict()
 
@@ -48,12 +44,14 @@ saliences are computed on parallel streams: one group's latency-bound steps (the
 order: one program per lane) overlap another's distances."""
 
 GROUP_MIN_BLOCKS = 256
+"""Fewest blocks for lane groups (from H200 timings: groups sped up Boruvka builds of 512 blocks and slowed
+Prim over all pairs; topology/NOTES.md, "Numbers that were in the code")."""
 
 
-def _lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
-    """How many groups :func:`_stages` splits the lanes into: :data:`LANE_GROUPS` for Boruvka builds of at
-    least :data:`GROUP_MIN_BLOCKS` blocks (on the H200, 32 lanes of 512 blocks in float64: 1.04 -> 0.82 ms),
-    else 1 (Prim over all pairs at 1024 blocks got slower in groups: 2.40 -> 2.48 ms)."""
+def lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
+    """How many groups of lanes a build of CUDA centroids ``[lanes, n, D]`` of ``dtype`` runs on parallel
+    streams: :data:`LANE_GROUPS` for Boruvka builds (:func:`.salience.choose_mst`) of at least
+    :data:`GROUP_MIN_BLOCKS` blocks whose lanes split evenly into groups of at least two, else 1."""
     groups = LANE_GROUPS if n >= GROUP_MIN_BLOCKS and choose_mst(lanes, n, dtype) == "boruvka" else 1
     return groups if lanes >= 2 * groups and lanes % groups == 0 else 1
 
@@ -64,14 +62,14 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
     sync; the status holds the centroids' finiteness flag (written to ``status`` if given; the rows to the
     buffer whose address ``rows_at`` holds, if given)."""
     lanes, n, _ = centroids.shape
-    groups = _lane_groups(lanes, n, centroids.dtype) if centroids.is_cuda else 1
+    groups = lane_groups(lanes, n, centroids.dtype) if centroids.is_cuda else 1
     if groups == 1:
         salience, finite = salience_and_finite(centroids)
         return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
     # -- lane groups on parallel streams, each writing its share of the saliences and flags
     size = lanes // groups
     salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device)
-    finite = torch.stack([finite_flags(size, n, centroids.dtype, centroids.device) for _ in range(groups)])
+    finite = torch.stack([finite_flags(size, n, centroids.device) for _ in range(groups)])
     main = torch.cuda.current_stream(centroids.device)
     streams = [torch.cuda.Stream(centroids.device) for _ in range(groups)]
     for g, stream in enumerate(streams):
@@ -99,14 +97,14 @@ class _BuildGraph:
         # the addresses of the keys and of the rows buffer (rows_size entries, a new one per build), set by
         # the host in pinned memory through a numpy view (a microsecond) and copied to the device by the
         # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
-        # every program would cross PCIe: H200, shared 32k build +17 us, NOTES.md v11)
+        # every program would cross PCIe; topology/NOTES.md v11)
         self.rows_size = rows_size(lanes, n, *rule)
         self.next_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)  # the next build's
         self.addresses_host = torch.tensor([keys.data_ptr(), self.next_rows.data_ptr()], dtype=torch.int64).pin_memory()
         self.addresses_numpy = self.addresses_host.numpy()
         self.addresses = torch.empty(2, dtype=torch.int64, device=device)
-        # the status (entry count, finiteness flag): written by the rows kernel to pinned memory, read after
-        # the sync
+        # the status (entry count, finiteness flag): written by the rows kernel to pinned memory, polled by
+        # the host
         self.status = torch.empty(2, dtype=torch.int64, pin_memory=True)
         self.status_numpy = self.status.numpy()
 
@@ -132,6 +130,11 @@ def clear_graphs() -> None:
     _graphs.clear()
 
 
+def cached_graphs() -> int:
+    """How many build graphs are cached (at most :data:`MAX_GRAPHS`)."""
+    return len(_graphs)
+
+
 def _graph_for(key: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dtype,
                rule: tuple[int, int, int]) -> _BuildGraph:
     graph = _graphs.pop(key, None)
@@ -143,10 +146,23 @@ def _graph_for(key: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dty
     return graph
 
 
-def _read_status(graph: _BuildGraph) -> tuple[int, int]:
-    """The replay's (entry count, finiteness flag), polled from pinned memory (see :data:`STATUS_SPINS`)."""
+def read_status(graph, spins: int) -> tuple[int, int]:
+    """A replay's status, read from pinned memory as soon as the rows kernel has written it, instead of waiting
+    for the whole graph in a stream sync.
+
+    Arguments:
+        graph: a build graph: ``graph.status_numpy``, an int64 numpy ``[2]`` view of the pinned status that the
+            host set to -1 before the replay, and ``graph.stream``, the stream the replay runs on.
+        spins: how many times to poll before a sync of ``graph.stream`` (0: the sync at once).
+
+    Returns:
+        ``(entry count, finiteness flag)``.
+
+    Raises:
+        RuntimeError: the status is still unwritten (negative) after the sync.
+    """
     status = graph.status_numpy
-    for _ in range(STATUS_SPINS):
+    for _ in range(spins):
         total, finite = status.tolist()
         if total >= 0 and finite >= 0:
             return total, finite
@@ -157,20 +173,39 @@ def _read_status(graph: _BuildGraph) -> tuple[int, int]:
     return total, finite
 
 
-def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: int, sinks: int,
-               window: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """CSR ``(offsets, indices, finite)`` of the topology rule for CUDA keys ``[L, S, D]`` (any float dtype and
-    strides), with centroids and distances in ``dtype`` (float32 or float64): int32 offsets and indices, and
-    whether every centroid was finite (False for NaN or Inf keys: the rows are then meaningless but in bounds,
-    and the caller raises). ``topk <= n``, ``sinks <= n`` and ``window < n`` for ``n = ceil(S / block_size) <=``
-    :data:`~topo_attn.topology.gpu.MAX_BLOCKS`."""
+def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: int, sinks: int, window: int,
+               use_graph: bool = True, status_spins: int = STATUS_SPINS) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """CSR rows of the topology rule for keys on the GPU: centroids, saliences and the rule's rows, with one
+    wait for the entry count. On a CUDA device the launches are captured once per (device, stream, keys' shape,
+    strides and dtype, ``dtype``, rule) and replayed (up to :data:`GRAPH_MAX_BYTES` of distance scratch).
+
+    Arguments:
+        keys: ``[L, S, D]``, any float dtype and strides, on a CUDA device or (Triton's interpreter, launch by
+            launch) the CPU.
+        block_size: key rows per block, ``>= 1``; ``n = ceil(S / block_size) <=``
+            :data:`~topo_attn.topology.gpu.MAX_BLOCKS`.
+        dtype: the dtype of centroids and distances, float32 or float64.
+        topk, sinks, window: the rule, with ``topk <= n``, ``sinks <= n`` and ``window < n``.
+        use_graph: replay a cached CUDA graph where it applies (True) or launch every kernel from Python (False).
+        status_spins: how many times the host polls a replay's status before a stream sync
+            (:func:`read_status`); returned rows may then still be being written, ordered on the current stream
+            like any CUDA result.
+
+    Returns:
+        ``(offsets, indices, finite)``: int32 ``[L * n + 1]`` and ``[offsets[-1]]`` on the keys' device, and
+        whether every centroid was finite (False for NaN or Inf keys: the rows are then meaningless but in
+        bounds, and the caller raises).
+
+    Raises:
+        RuntimeError: a replay finished without writing its status.
+    """
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
     scratch = lanes * n * n * torch.finfo(dtype).bits // 8
-    if keys.is_cuda and USE_GRAPHS and scratch <= GRAPH_MAX_BYTES:
+    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES:
         device = keys.get_device()
-        # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's 5-10 us)
+        # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's cost)
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
                block_size, dtype, rule)
         graph = _graph_for(key, keys, block_size, dtype, rule)
@@ -183,7 +218,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         graph.graph.replay()
         graph.next_rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         offsets, tail = split_rows(rows, lanes * n)
-        total, finite = _read_status(graph)
+        total, finite = read_status(graph, status_spins)
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
         offsets, tail = split_rows(rows, lanes * n)

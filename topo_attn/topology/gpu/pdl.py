@@ -1,11 +1,11 @@
 """Programmatic dependent launch (PDL) for the schedule build's kernels.
 
-The build is a chain of small, dependent kernels (about twenty for a shared schedule; NOTES.md v12). On Hopper
-and newer GPUs each of them is launched with Triton's ``launch_pdl`` and starts with :func:`wait_for_inputs`:
-``griddepcontrol.wait`` (the previous kernel has finished and its writes are visible) and, for builds of
-few lanes (:data:`EARLY_LAUNCH_MAX_LANES`), ``griddepcontrol.launch_dependents`` (the next kernel's programs may be scheduled now, to wait
-in turn). So a kernel's launch overlaps the end of the one before it, in a CUDA graph too. Nothing runs before
-the wait, so each kernel sees everything that every earlier kernel wrote, as without PDL.
+The build is a chain of small, dependent kernels (about twenty for a shared schedule). On Hopper and newer GPUs
+each of them is launched with Triton's ``launch_pdl`` and starts with :func:`wait_for_inputs`:
+``griddepcontrol.wait`` (the previous kernel has finished and its writes are visible) and, for builds of few
+lanes (:data:`EARLY_LAUNCH_MAX_LANES`), ``griddepcontrol.launch_dependents`` (the next kernel's programs may be
+scheduled now, to wait in turn). So a kernel's launch overlaps the end of the one before it, in a CUDA graph too.
+Nothing runs before the wait, so each kernel sees everything that every earlier kernel wrote, as without PDL.
 """
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ try:
 except ImportError:  # (a triton without grid dependency control: plain launches)
     gdc_launch_dependents = gdc_wait = None
 
-ENABLED = True
-"""Whether build kernels use PDL where it is supported (False: plain launches, for comparison)."""
-
 EARLY_LAUNCH_MAX_LANES = 1
 """Builds of up to this many lanes let the next kernel launch as soon as every program of the current one has
-passed its wait; builds of more lanes only wait. On the H200 (NOTES.md v12; S = 32k, 64-token blocks, graph
-replays) the shared build took 119.5 -> 111.5 us with waits only and 109.4 with early launches (float32
-107.5 -> 99.6 -> 98), while the per-lane build (two lane groups on two streams) took 565 -> 562 us with
-waits only but 601 with early launches: waiting programs hold SM slots the other group's kernels need."""
+passed its wait; builds of more lanes only wait. From H200 timings (topology/NOTES.md, "Numbers that were in the
+code"): early launches sped up the shared build and slowed the per-lane one, whose two lane groups run on two
+streams (waiting programs hold SM slots that the other group's kernels need)."""
+
 
 @functools.cache
 def _supported(device_index: int) -> bool:
@@ -46,11 +43,20 @@ def _supported(device_index: int) -> bool:
 
 
 def pdl_options(device: torch.device, lanes: int) -> dict:
-    """Launch keywords for a build kernel over ``lanes`` lanes that takes ``PDL: tl.constexpr`` and calls
-    :func:`wait_for_inputs` first: PDL on CUDA devices that support it (compute capability 9.0 or newer, a
-    triton with ``launch_pdl``, not the interpreter), with early launches up to
-    :data:`EARLY_LAUNCH_MAX_LANES` lanes; else plain launches (``PDL=0``)."""
-    if ENABLED and device.type == "cuda" and _supported(device.index if device.index is not None else 0):
+    """Launch keywords for a build kernel that takes ``PDL: tl.constexpr`` and calls :func:`wait_for_inputs`
+    first.
+
+    Arguments:
+        device: where the kernel runs.
+        lanes: the lanes of the build the kernel belongs to.
+
+    Returns:
+        ``{"PDL": 2, "launch_pdl": True}`` (waits and early launches) up to :data:`EARLY_LAUNCH_MAX_LANES` lanes,
+        ``{"PDL": 1, "launch_pdl": True}`` (waits only) above, on CUDA devices that support PDL (compute
+        capability 9.0 or newer, a triton with ``launch_pdl``, not the interpreter); else ``{"PDL": 0}``
+        (plain launches).
+    """
+    if device.type == "cuda" and _supported(device.index if device.index is not None else 0):
         return dict(PDL=2 if lanes <= EARLY_LAUNCH_MAX_LANES else 1, launch_pdl=True)
     return dict(PDL=0)
 

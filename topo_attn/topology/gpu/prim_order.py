@@ -1,9 +1,9 @@
 """Prim's order over a minimum spanning tree without sequential steps: two Euler tours and binary lifting, one
-program per lane, ``O(log n)`` barrier-separated rounds instead of ``n - 1`` dependent ones (an alternative
-to ``salience._tree_prim_kernel``, the default up to ``salience.PARALLEL_ORDER_MAX_BLOCKS`` blocks: on the H200
-28 us instead of 104 at 512 blocks).
+program per lane, ``O(log n)`` barrier-separated rounds instead of ``n - 1`` dependent ones (the same order as
+:func:`.prim.tree_prim_order`; :mod:`.salience` uses it for Boruvka builds of up to
+``salience.PARALLEL_ORDER_MAX_BLOCKS`` blocks).
 
-Why it works (``kernels/NOTES.md`` v5): root the tree at block 0 and let ``p'(v)`` be the lower end of the
+Why it works (topology/NOTES.md, v5): root the tree at block 0 and let ``p'(v)`` be the lower end of the
 nearest edge above ``v`` on its root path that is heavier than ``v``'s own parent edge (block 0 if none).
 Prim's order from block 0 is the pre-order of the tree ``p'`` with each block's children in increasing rank
 of their parent edges. So:
@@ -28,8 +28,8 @@ SLOTS = tl.constexpr(10)
 """Scratch arrays of ``ARCS`` entries per lane, besides the lifting tables."""
 
 WARPS = 16
-"""Warps of the one program per lane (H200, 512 blocks, NOTES.md v9: 16 warps 21.3 us, 8 warps 22.5, 4 warps
-29.3; one lane or 32)."""
+"""Warps of the one program per lane (the fastest of 4, 8 and 16 in an H200 sweep; topology/NOTES.md, "Numbers
+that were in the code")."""
 
 
 @triton.jit
@@ -175,11 +175,17 @@ def _prim_order_kernel(EdgeLo, EdgeHi, EdgeLen, ByRank, Order, Pair, Length, Scr
 
 def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: torch.Tensor, by_rank: torch.Tensor,
                         order: torch.Tensor, pair: torch.Tensor, length: torch.Tensor) -> None:
-    """Prim's order from block 0 over trees ``(edge_lo, edge_hi, edge_len)`` (each ``[L, n]``, the ``n - 1``
-    edges of each lane first) with ``by_rank [L, n]`` (the edge of each rank): writes ``order[l, t]`` (the
-    block that joins at step ``t``), ``pair[l, t] = lo * n + hi`` and ``length[l, t]`` of the edge that
-    brought it (``t >= 1``), as ``salience._tree_prim_kernel``. Trees that do not span (NaN distances) give
-    meaningless orders but no access out of bounds."""
+    """Prim's order from block 0 over each lane's tree, in one launch of one program per lane.
+
+    Arguments:
+        edge_lo, edge_hi, edge_len, by_rank: the tree (the ``n - 1`` edges of each lane first) and the edge of
+            each rank, as :func:`.prim.edge_ranks` (each ``[L, n]``, contiguous, ``n >= 2``).
+        order, pair, length: receive the Prim order as :func:`.prim.tree_prim_order`: ``order[l, t]``, the
+            block that joins at step ``t``; ``pair[l, t] = lo * n + hi`` and ``length[l, t]`` of the edge that
+            brought it (``t >= 1``).
+
+    Trees that do not span (NaN distances) give meaningless orders but no access out of bounds.
+    """
     lanes, n = order.shape
     arcs = max(2, triton.next_power_of_2(2 * n))
     levels = max(1, (n - 1).bit_length())

@@ -115,8 +115,16 @@ def _rule_rows_kernel(Flags, Parts, Finite, Offsets, Indices, Status, RowsAt, la
 
 
 def rule_bound(nb: int, topk: int, sinks: int, window: int) -> int:
-    """Most entries one lane's rule rows can hold: row ``qb`` holds at most ``min(qb + 1, sinks + window + 1 +
-    topk)`` blocks (no host sync: an upper bound for an indices buffer filled before the count is known)."""
+    """Most entries one lane's rule rows can hold (no host sync: an upper bound for an indices buffer filled
+    before the count is known).
+
+    Arguments:
+        nb: blocks per lane, ``>= 1``.
+        topk, sinks, window: the rule, non-negative.
+
+    Returns:
+        The sum over rows ``qb`` of ``min(qb + 1, sinks + window + 1 + topk)``.
+    """
     width = sinks + window + 1 + topk
     if width >= nb:
         return nb * (nb + 1) // 2
@@ -129,26 +137,33 @@ others at a time."""
 
 ROW_TILE = (4, 512)
 """(rows, columns) per step of the rows grid: each program writes ``rows`` rows, reading ``columns`` flags at a
-time. Both tiles from an H200 sweep (NOTES.md v8; the two launches for 512 blocks): 18.5 -> 6.6 us for one
-lane, 32.6 -> 27.0 for 32 lanes, against the earlier (64, 64) and (32, 64)."""
+time. Both tiles from an H200 sweep (topology/NOTES.md, "Numbers that were in the code")."""
 
 
 def rows_size(lanes: int, nb: int, topk: int, sinks: int, window: int) -> int:
-    """Entries of :func:`rule_launch`'s rows buffer: ``L * nb + 1`` offsets, then :func:`rule_bound` per lane."""
+    """Entries of :func:`rule_launch`'s rows buffer for ``lanes`` lanes of ``nb`` blocks and the rule ``(topk,
+    sinks, window)``: ``lanes * nb + 1`` offsets, then :func:`rule_bound` per lane."""
     return lanes * nb + 1 + lanes * rule_bound(nb, topk, sinks, window)
 
 
 def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, finite: torch.Tensor | None = None,
                 status: torch.Tensor | None = None, rows_at: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches. Returns
-    ``rows``, one int32 buffer of :func:`rows_size` entries holding the offsets (``L * nb + 1``) and then room
-    for :func:`rule_bound` entries per lane, whose first ``offsets[-1]`` entries are the indices; and a device
-    ``int64 [2]`` status ``(offsets[-1], finite)``. ``finite``: device flags (any shape, bool or integer), all
-    nonzero or not; None counts as finite. ``status``: an int64 ``[2]`` tensor the kernel writes the status
-    to instead, e.g. pinned host memory, which the host reads after a sync with no copy launched.
-    ``rows_at``: an int64 ``[1]`` tensor the kernel can read (pinned host memory) holding the address of a
-    rows buffer to write when the kernel runs, instead of a new one (``rows`` is then None)."""
+    """:func:`rule_rows` without its host sync (so it can run inside a CUDA graph), in two launches.
+
+    Arguments:
+        salience, topk, sinks, window, finite: as :func:`rule_rows`.
+        status: an int64 ``[2]`` tensor to write the status to (e.g. pinned host memory, which the host reads
+            after a sync with no copy launched), or None (a new device tensor).
+        rows_at: an int64 ``[1]`` tensor the kernel can read (device or pinned host memory) holding the address
+            of a rows buffer of :func:`rows_size` entries to write when the kernel runs, or None (a new buffer).
+
+    Returns:
+        ``(rows, status)``. ``rows``: one int32 buffer of :func:`rows_size` entries (None with ``rows_at``)
+        holding the offsets (``L * nb + 1``) and then room for :func:`rule_bound` entries per lane, whose first
+        ``offsets[-1]`` entries are the indices (see :func:`split_rows`). ``status``: int64 ``[2]``,
+        ``(offsets[-1], finite)`` with ``finite`` 1 if every flag is nonzero, else 0.
+    """
     lanes, nb = salience.shape
     device = salience.device
     rank_rows, rank_cols = RANK_TILE
@@ -179,13 +194,24 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
 
 def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int, finite: torch.Tensor | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """CSR ``(offsets, indices)`` (int32) of the rule for saliences ``[L, nb]`` (float32 or float64, finite):
-    per query block ``qb`` of each lane, the blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's
-    ``topk`` most salient blocks (ties to the lower index, as :func:`~topo_attn.top_salient_blocks`) that
-    are ``<= qb``, sorted and without duplicates. ``sinks <= nb``, ``window < nb`` and ``topk <= nb``. One
-    host sync (the number of entries), which also reads back whether the device flags ``finite`` (any shape,
-    bool or integer; None: finite) are all nonzero. Returns ``(offsets, indices, finite)``; the caller raises
-    on ``finite == False`` (the rows are then meaningless but in bounds)."""
+    """CSR rows of the rule (sinks + window + top-k) from the saliences, assembled on the GPU, with one host sync
+    (the number of entries, which also reads back the flags ``finite``).
+
+    Per query block ``qb`` of each lane: the blocks ``0..sinks-1``, ``qb-window..qb`` and those of the lane's
+    ``topk`` most salient blocks (ties to the lower index, as ``topo_attn.top_salient_blocks``) that are
+    ``<= qb``, sorted and without duplicates.
+
+    Arguments:
+        salience: ``[L, nb]``, float32 or float64, last stride 1 (finite for meaningful rows), on a CUDA device
+            or (Triton's interpreter) the CPU.
+        topk, sinks, window: the rule, with ``topk <= nb``, ``sinks <= nb`` and ``window < nb``.
+        finite: device flags (any shape, bool or integer) that are all nonzero for valid input, or None (valid).
+
+    Returns:
+        ``(offsets, indices, finite)``: int32 ``[L * nb + 1]`` and ``[offsets[-1]]`` on the saliences' device,
+        and whether every flag was nonzero. The caller raises on ``finite == False`` (the rows are then
+        meaningless but in bounds).
+    """
     rows, status = rule_launch(salience, topk, sinks, window, finite)
     total, is_finite = status.tolist()
     offsets, entries = split_rows(rows, salience.numel())
@@ -193,6 +219,7 @@ def rule_rows(salience: torch.Tensor, topk: int, sinks: int, window: int, finite
 
 
 def split_rows(rows: torch.Tensor, row_count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offsets, entries)`` views of :func:`rule_launch`'s buffer for ``row_count = L * nb`` rows: the
-    first ``total`` of the entries (the status' count) are the CSR indices."""
+    """``(offsets, entries)`` views of :func:`rule_launch`'s rows buffer for ``row_count = L * nb`` rows: the
+    ``row_count + 1`` offsets, and the entries whose first ``offsets[-1]`` (the status' count) are the CSR
+    indices."""
     return rows[:row_count + 1], rows[row_count + 1:]

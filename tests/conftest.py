@@ -23,9 +23,7 @@ def _has_cuda_gpu() -> bool:
 if "TRITON_INTERPRET" not in os.environ and not _has_cuda_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402  (after the environment is set)
-
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+from helpers import DEVICE  # noqa: E402  (after the environment is set)
 
 
 @pytest.fixture

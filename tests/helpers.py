@@ -11,10 +11,16 @@ algorithm and not float rounding.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
 import topo_attn as ta
+
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+"""Where kernel tests put their tensors: CUDA with the compiled kernel, else the CPU (Triton's interpreter;
+tests/conftest.py sets ``TRITON_INTERPRET=1`` before this module is imported when no GPU is present)."""
 
 # Error bound per dtype: a few units of the dtype's rounding (output and P are rounded to it), fp32 tight.
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}

@@ -3,6 +3,7 @@ and loaded by name."""
 
 from __future__ import annotations
 
+import os
 import runpy
 import subprocess
 import sys
@@ -27,8 +28,10 @@ def test_script_reproduces_the_committed_files():
 
 
 def test_script_writes_where_asked(tmp_path):
+    # the repository on the path, so the script runs from a clone whether or not the package is installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert samples.key_set_names(tmp_path) == ["clustered", "long", "outliers"]
     assert torch.equal(samples.load_key_set("clustered", tmp_path), samples.load_key_set("clustered"))

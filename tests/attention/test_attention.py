@@ -63,7 +63,7 @@ def test_random_valid_schedules_match_reference(seed, seq_len, block_size, head_
                                                 dtype):
     """Any valid CSR schedule, not only topology ones: rows with and without the diagonal block, partial last
     blocks, lengths shorter than one block."""
-    from conftest import DEVICE
+    from helpers import DEVICE
 
     H, H_kv = heads
     gen = torch.Generator().manual_seed(seed)

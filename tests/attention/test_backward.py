@@ -92,7 +92,7 @@ def test_random_valid_schedules_match_reference(seed, seq_len, block_size, head_
                                                 dtype):
     """Any valid CSR schedule: rows with and without the diagonal block, partial last blocks, lengths shorter
     than one block."""
-    from conftest import DEVICE
+    from helpers import DEVICE
 
     H, H_kv = heads
     schedule = random_schedule(torch.Generator().manual_seed(seed), seq_len, block_size,

@@ -97,7 +97,7 @@ class _BuildGraph:
         # the addresses of the keys and of the rows buffer (rows_size entries, a new one per build), set by
         # the host in pinned memory through a numpy view (a microsecond) and copied to the device by the
         # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
-        # every program would cross PCIe; topology/NOTES.md v11)
+        # every program would cross PCIe; see topology/NOTES.md)
         self.rows_size = rows_size(lanes, n, *rule)
         self.next_rows = torch.empty(self.rows_size, dtype=torch.int32, device=device)  # the next build's
         self.addresses_host = torch.tensor([keys.data_ptr(), self.next_rows.data_ptr()], dtype=torch.int64).pin_memory()

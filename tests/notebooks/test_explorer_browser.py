@@ -43,8 +43,10 @@ CHROMIUM = os.environ.get("TOPO_ATTN_CHROMIUM", "/usr/bin/chromium")
 # --user-data-dir that Playwright creates and removes
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-INSTALL_HINT = ("install Debian's Chromium with `apt-get install chromium` (.ci/run does this), or point "
-                "TOPO_ATTN_CHROMIUM at a Chromium or Chrome binary")
+# the same words as .ci/setup's when it cannot install the Debian packages (tests/test_setup.py checks the names)
+INSTALL_HINT = ("`.ci/setup` installs Debian's `chromium` and `fonts-dejavu-core` packages when run as root or "
+                "where sudo works without a password; otherwise install them as root (sudo apt-get install "
+                "chromium fonts-dejavu-core), or point TOPO_ATTN_CHROMIUM at a Chromium or Chrome binary")
 MOVES = (("top-k", 6), ("window", 3))  # slider description -> new value, moved in this order
 SERVER_START_S = 90
 CELLS_RUN_S = 120  # the last cell runs the Triton kernel, in its interpreter on a CPU
@@ -163,7 +165,9 @@ def browser() -> Iterator[object]:
                f".venv/bin/pip install -e '.[test]'")
         return
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        yield f"no Chromium at {CHROMIUM}: {INSTALL_HINT}"
+        missing = ("Debian's `chromium` package is not installed" if "TOPO_ATTN_CHROMIUM" not in os.environ
+                   else "TOPO_ATTN_CHROMIUM names no executable file")
+        yield f"no Chromium at {CHROMIUM} ({missing}): {INSTALL_HINT}"
         return
     with sync_playwright() as p:
         try:

@@ -2,8 +2,10 @@
 
 Each notebook in ``notebooks/`` is executed with papermill (its ``parameters`` cell keeps its defaults unless
 ``-p NAME VALUE`` overrides one) into ``build/notebooks/``, then rendered to HTML with nbconvert; the paths
-are printed. Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set first, so the Triton kernel runs in Triton's
-interpreter inside the notebooks' kernels. The tests run the notebooks through :func:`run_notebook` too.
+are printed. While they run, a progress bar on stderr names the notebook that runs (``--no-progress`` turns it
+off; stdout is the same either way). Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set first, so the Triton
+kernel runs in Triton's interpreter inside the notebooks' kernels. The tests run the notebooks through
+:func:`run_notebook` too.
 """
 
 from __future__ import annotations
@@ -130,12 +132,20 @@ def run_notebook(path: str | Path, out_dir: str | Path, parameters: Mapping[str,
 
 
 def render_html(notebook: str | Path) -> Path:
-    """Render an executed notebook to ``<name>.html`` beside it (nbconvert, figures embedded)."""
+    """Render an executed notebook to ``<name>.html`` beside it (nbconvert, figures embedded). Text outputs
+    read as a terminal shows them: consecutive stream outputs are merged and a carriage return overwrites its
+    line, so a progress bar (such as ``compare_selectors``') leaves its last state, and a bar cleared when done
+    leaves nothing; streams left blank are dropped. The executed notebook itself is not changed."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     notebook = Path(notebook)
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(notebook, as_version=4))
+    nb, _ = CoalesceStreamsPreprocessor().preprocess(nbformat.read(notebook, as_version=4), {})
+    for cell in nb.cells:
+        if "outputs" in cell:
+            cell.outputs = [o for o in cell.outputs if o.output_type != "stream" or o.text.replace("\r", "").strip()]
+    body, _ = HTMLExporter().from_notebook_node(nb)
     target = notebook.with_suffix(".html")
     target.write_text(body, encoding="utf-8")
     return target
@@ -156,25 +166,36 @@ def _value(text: str) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the notebooks and print what was written. Returns the
+    exit status: 0, or 1 when the folder holds no notebook."""
+    from tqdm import tqdm
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks to run")
     parser.add_argument("--out", type=Path, default=BUILD_DIR, help="folder for executed notebooks and HTML")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="override a parameter in every notebook that defines it")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
     paths = notebook_paths(args.notebooks)
     if not paths:
         print(f"no notebooks under {args.notebooks}", file=sys.stderr)
         return 1
     parameters = {name: _value(value) for name, value in args.parameter}
-    print(f"running {len(paths)} notebooks with papermill ({triton_mode()}; kernel {kernel_name()!r})")
+    print(f"running {len(paths)} notebooks with papermill ({triton_mode()}; kernel {kernel_name()!r})", flush=True)
     written = []
-    for path in paths:
-        start = time.perf_counter()
-        files = run_notebook(path, args.out, parameters, html=not args.no_html)
-        print(f"  {path.name}: {time.perf_counter() - start:.1f} s")
-        written += files
+    # one bar over the notebooks (papermill's bar over cells stays off: one bar reads better in a log);
+    # the per-notebook lines go to stdout through the bar, which clears itself around them
+    with tqdm(paths, desc="notebooks", unit="notebook", file=sys.stderr, leave=False,
+              disable=args.no_progress) as bar:
+        for path in bar:
+            bar.set_postfix_str(path.name)
+            start = time.perf_counter()
+            files = run_notebook(path, args.out, parameters, html=not args.no_html)
+            bar.write(f"  {path.name}: {time.perf_counter() - start:.1f} s", file=sys.stdout)
+            sys.stdout.flush()
+            written += files
     print("\nwritten:")
     for f in written:
         print(f"  {f.resolve()}")

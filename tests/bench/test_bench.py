@@ -134,3 +134,67 @@ def test_select_suite_rows_on_a_small_input(device):
         assert all(0 < r["recall"] <= 1 + 1e-12 and r["total_ms"] == 3.0 for r in at.values())
     assert len(calls) == 1 + 2 * len(rows)  # SDPA once, then each build and attention
     assert select_markdown(rows).count("\n") == len(rows) + 1
+
+
+# ------------------------------------------------------------------------- the runner's output and progress
+FAKE_ROW = dict(scheduled_blocks=59, causal_blocks=136, block_reduction=0.57, dense_masked_ms=0.1, sdpa_ms=0.016,
+                ours_ms=0.011, dense_csr_ms=0.02, flex_ms=0.03, limit_ms=0.0065, sdpa_tflops=8.2, ours_tflops=4.7,
+                flex_tflops=1.0, ours_vs_sdpa_tflops=0.57, flex_over_ours_time=2.7, dense_csr_over_sdpa_time=1.25,
+                build_ms=1.5, max_abs_error=1e-3)
+
+
+def fake_gpu_runner(monkeypatch) -> list[str]:
+    """The runner on a pretend GPU: CUDA reported present, and a kernel case that returns a fixed row at once
+    (the names of the cases run are collected in the list returned)."""
+    from topo_attn.bench import runner
+
+    ran = []
+
+    def fake_case(case, suite, median_ms, with_flex=True):
+        ran.append(case.name)
+        return {**FAKE_ROW, "case": case.name, "suite": suite, "seq_len": case.seq_len}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "run_kernel_case", fake_case)
+    return ran
+
+
+def test_runner_progress_leaves_the_table_and_the_json_alone(monkeypatch, capsys, tmp_path):
+    """The bar goes to stderr and names each case; stdout (the markdown table) and the JSON file are
+    byte-identical with and without it, and the stored command leaves out --no-progress."""
+    import json
+
+    from topo_attn.bench.results import code_version
+
+    ran = fake_gpu_runner(monkeypatch)
+    out = tmp_path / "pr.json"
+    assert main(["--suite", "pr", "--out", str(out), "--no-progress"]) == 0
+    quiet, quiet_json = capsys.readouterr(), out.read_text()
+    assert main(["--suite", "pr", "--out", str(out)]) == 0
+    shown, shown_json = capsys.readouterr(), out.read_text()
+    names = [c.name for c in SUITES["pr"]]
+    assert ran == names + names
+    expected_rows = [{**FAKE_ROW, "case": c.name, "suite": "pr", "seq_len": c.seq_len} for c in SUITES["pr"]]
+    assert quiet.out == kernel_markdown(expected_rows, "pr") + "\n"  # the table only, as the formatter writes it
+    assert shown.out == quiet.out and shown_json == quiet_json
+    assert "suite pr" in shown.err and all(name in shown.err for name in names)  # the bar, naming each case
+    assert not any(name in quiet.err for name in names) and "\r" not in shown.out
+    data = json.loads(shown_json)
+    assert data["command"] == f"python -m topo_attn.bench --suite pr --out {out}"
+    assert data["table"] == quiet.out.rstrip("\n") and data["gpu"] == "NVIDIA Test GPU"
+    assert {k: data[k] for k in code_version()} == code_version()  # the commit of this checkout
+
+
+def test_run_cases_keeps_the_order_and_flattens_lists(capsys):
+    from topo_attn.bench.runner import run_cases
+
+    cases = [Case(f"c{i}", 1, 1, 1, 64, 16, 16, "float16") for i in range(3)]
+    two_for_c1 = lambda c: [{"case": c.name}, {"case": c.name + "'"}] if c.name == "c1" else {"case": c.name}  # noqa: E731
+    rows = run_cases(cases, two_for_c1, description="test suite")
+    assert [r["case"] for r in rows] == ["c0", "c1", "c1'", "c2"]
+    err = capsys.readouterr().err
+    assert "test suite" in err and "c2" in err
+    assert run_cases(cases, lambda c: {"case": c.name}, progress=False) == [{"case": f"c{i}"} for i in range(3)]
+    assert capsys.readouterr().err == ""

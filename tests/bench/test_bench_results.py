@@ -100,3 +100,105 @@ def test_other_suites_are_read_by_load_suite(tmp_path):
                                          "rows": [{"case": "x", "ours_bwd_ms": 3.0}]})
     (header, frame), = bench_results.load_suite("train", tmp_path)
     assert header["note"] == "flex failed on b64" and list(frame["ours_bwd_ms"]) == [3.0]
+
+
+# ------------------------------------------------------------------------------------- the commit of the code
+def git(cwd: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_code_version_names_the_commit_and_uncommitted_changes(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "topo_attn").mkdir(parents=True)
+    (repo / "topo_attn" / "a.py").write_text("x = 1\n")
+    (repo / "README.md").write_text("r\n")
+    assert bench_results.code_version(repo)["commit"] is None  # not a checkout
+    assert "not in a git checkout" in bench_results.code_version(repo)["commit_source"]
+    git(repo, "init", "-q")
+    assert "no commit yet" in bench_results.code_version(repo)["commit_source"]
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "first")
+    version = bench_results.code_version(repo)
+    assert version["commit"] == git(repo, "rev-parse", "--short", "HEAD") and version["dirty"] is False
+    assert bench_results.commit_text(version) == f"commit {version['commit']}"
+    (repo / "README.md").write_text("changed outside the package\n")
+    assert bench_results.code_version(repo)["dirty"] is False
+    (repo / "topo_attn" / "new.py").write_text("")  # untracked, under the package
+    version = bench_results.code_version(repo)
+    assert version["dirty"] is True
+    assert bench_results.commit_text(version) == f"commit {version['commit']} with uncommitted changes under topo_attn/"
+    inside = bench_results.code_version(repo / "topo_attn")  # an installed package inside another repository
+    assert inside["commit"] is None and "not the top of a git checkout" in inside["commit_source"]
+    assert bench_results.commit_text(inside).startswith("commit unknown (") and bench_results.commit_text({}) == (
+        "commit not recorded")
+
+
+def test_the_commit_is_read_and_described(tmp_path):
+    write(tmp_path / "a.json", {**HEADER, "commit": "abc1234", "dirty": True, "commit_source": "test",
+                                "rows": [ROW]})
+    write(tmp_path / "b.json", {**HEADER, "rows": [ROW]})
+    write(tmp_path / "c.json", {**HEADER, "commit": None, "commit_source": "an installed package", "rows": [ROW]})
+    a, b, c = bench_results.load_kernel_benchmarks(tmp_path)
+    assert (a.commit, a.dirty, a.commit_source) == ("abc1234", True, "test")
+    assert a.describe().endswith("; commit abc1234 with uncommitted changes under topo_attn/")
+    assert b.commit is None and b.describe().endswith("; commit not recorded")
+    assert c.describe().endswith("; commit unknown (an installed package)")
+    write(tmp_path / "build.json", {**HEADER, "suite": "build", "commit": "def5678", "dirty": False,
+                                    "commit_source": "test", "rows": [{"case": "x"}]})
+    (header, _), = bench_results.load_suite("build", tmp_path)
+    assert header["commit"] == "def5678" and bench_results.commit_text(header) == "commit def5678"
+
+
+@pytest.mark.parametrize("field, value", [("commit", 1234567), ("dirty", "no"), ("commit_source", None)])
+def test_a_malformed_commit_raises(tmp_path, field, value):
+    write(tmp_path / "bad.json", {**HEADER, "commit": "abc1234", field: value, "rows": [ROW]})
+    with pytest.raises(ValueError, match=f"bad.json: '{field}' must be"):
+        bench_results.load_kernel_benchmarks(tmp_path)
+    write(tmp_path / "bad.json", {**HEADER, "suite": "build", "commit": "abc1234", field: value, "rows": [ROW]})
+    with pytest.raises(ValueError, match=f"bad.json: '{field}' must be"):
+        bench_results.load_suite("build", tmp_path)
+
+
+def committed_commits() -> dict[str, str]:
+    """Every commit named in data/benchmarks: where (file, and run inside it) -> commit, or None where there is
+    none; a missing or empty ``commit_source`` gives that place ``"no commit_source"``."""
+    found = {}
+    for path in sorted(bench_results.RESULTS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        for i, run in enumerate([data] + data.get("runs", [])):
+            where = path.name + (f", run {i}" if i else "")
+            source = run.get("commit_source")
+            found[where] = run.get("commit") if isinstance(source, str) and source else "no commit_source"
+    return found
+
+
+def test_every_committed_result_names_the_commit_of_its_code():
+    """Every file in data/benchmarks, and every run inside one, names a commit and how it was determined;
+    the loaders and the notebook's descriptions show it."""
+    import re
+
+    found = committed_commits()
+    assert len(found) >= 8
+    missing = {where: c for where, c in found.items() if not re.fullmatch(r"[0-9a-f]{7,40}", str(c))}
+    assert not missing, f"results without a commit (or without commit_source): {missing}"
+    for bench in bench_results.load_kernel_benchmarks():
+        assert bench.commit and bench.describe().endswith(f"; commit {bench.commit}")
+    for suite in ("build", "train", "select"):
+        for header, _ in bench_results.load_suite(suite):
+            assert bench_results.commit_text(header) == f"commit {header['commit']}"
+
+
+def test_committed_results_name_commits_of_this_history():
+    """Each commit named in data/benchmarks is one that HEAD descends from (needs the clone's history)."""
+    import subprocess
+
+    here = bench_results.code_version()
+    if here["commit"] is None or git(bench_results.ROOT, "rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip(f"no git history to check the commits against ({here['commit_source']})")
+    for commit in sorted(set(committed_commits().values())):
+        result = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=bench_results.ROOT,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, f"{commit} is not a commit that HEAD descends from: {result.stderr}"

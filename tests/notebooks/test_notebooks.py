@@ -5,7 +5,9 @@ HTML copies and runs them in this interpreter's kernel."""
 from __future__ import annotations
 
 import ast
+import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import nbformat
 import pytest
 
 from topo_attn.notebooks import NOTEBOOK_DIR, notebook_parameters, notebook_paths, run_notebook
+from topo_attn.viz.explorer import LIVE_KERNEL_NOTE
 
 NOTEBOOKS = notebook_paths(NOTEBOOK_DIR)
 # small settings, passed to each notebook that has the parameter; no GPU benchmark runs in the tests
@@ -25,6 +28,9 @@ EXPECTED = {
     "04_benchmark": ["showing the committed results"],
 }
 MIN_FIGURES = {"01_key_block_centroids": 2, "02_persistence_barcodes": 2, "03_schedule_explorer": 1}
+# text that the HTML copy must show as text (outside scripts and styles), for the notebooks listed: the explorer's
+# sliders need the widget JavaScript from a CDN, so the page says in words what they need
+EXPECTED_HTML = {"03_schedule_explorer": [LIVE_KERNEL_NOTE]}
 
 
 def ids(paths: list[Path]) -> list[str]:
@@ -42,6 +48,13 @@ def outputs_text(nb) -> str:
 
 def figures(nb) -> int:
     return sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
+
+
+def visible_text(page: str) -> str:
+    """The text of an HTML page as a browser shows it without running its scripts: scripts and styles dropped,
+    tags dropped, entities decoded, white space collapsed."""
+    page = re.sub(r"<(script|style)\b.*?</\1\s*>", " ", page, flags=re.S | re.I)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
 def test_the_four_notebooks_are_found():
@@ -68,14 +81,23 @@ def test_committed_notebook_is_clean(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids(NOTEBOOKS))
 def test_notebook_runs_headless(path, tmp_path):
-    """papermill runs every cell (any cell error raises) with small parameters."""
-    out, = run_notebook(path, tmp_path, SMALL, html=False)
+    """papermill runs every cell (any cell error raises) with small parameters; the HTML copies of the
+    notebooks in EXPECTED_HTML show their text."""
+    out, *page = run_notebook(path, tmp_path, SMALL, html=path.stem in EXPECTED_HTML)
     nb = nbformat.read(out, as_version=4)
     assert nb.metadata.papermill.exception is None
     text = outputs_text(nb)
     for expected in EXPECTED.get(path.stem, []):
         assert expected in text, f"{path.name}: no output contains {expected!r}"
     assert figures(nb) >= MIN_FIGURES.get(path.stem, 0)
+    shown = visible_text(page[0].read_text(encoding="utf-8")) if page else ""
+    for expected in EXPECTED_HTML.get(path.stem, []):
+        assert " ".join(expected.split()) in shown, f"{page[0].name} does not show {expected!r}"
+    if path.stem == "03_schedule_explorer":  # the note is the output right after the explorer's widgets
+        cell, = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("ScheduleExplorer(")]
+        kinds = [next(iter(o.get("data", {})), o.output_type) for o in cell.outputs]
+        assert kinds == ["application/vnd.jupyter.widget-view+json", "text/html"], kinds
+        assert LIVE_KERNEL_NOTE in cell.outputs[1].data["text/html"]
 
 
 def kernel_results(tmp_path: Path) -> Path:
@@ -84,7 +106,14 @@ def kernel_results(tmp_path: Path) -> Path:
                  ours_tflops=5.0, sdpa_tflops=8.0, flex_tflops=3.0) for s in (1024, 2048, 4096)]
     (tmp_path / "kernel.json").write_text(json.dumps(dict(
         suite="pr", gpu="NVIDIA Test GPU", torch="9.9.9", triton="8.8.8", command="python -m topo_attn.bench",
-        rows=rows)))
+        commit="abc1234", dirty=False, commit_source="test", rows=rows)))
+    build_columns = ("num_blocks", "sdpa_ms", "shared_build_ms", "shared_attn_ms", "shared_build_over_attn",
+                     "lane_build_ms", "lane_attn_ms", "lane_build_over_attn", "shared_total_over_sdpa",
+                     "lane_total_over_sdpa")
+    (tmp_path / "build.json").write_text(json.dumps(dict(
+        suite="build", gpu="NVIDIA Test GPU", torch="9.9.9", triton="8.8.8",
+        command="python -m topo_attn.bench --suite build", commit="def5678", dirty=True, commit_source="test",
+        rows=[{"case": "B1 S2k", **{c: 1.0 for c in build_columns}}])))
     (tmp_path / "salience_cpu.json").write_text(json.dumps({"command": "python tests/bench_salience.py",
                                                             "speedup": 18.5}))
     return tmp_path
@@ -98,6 +127,8 @@ def test_benchmark_notebook_renders_results(tmp_path):
     text = outputs_text(nb)
     assert "NVIDIA Test GPU" in text and "9.9.9" in text and "8.8.8" in text  # the GPU and the versions
     assert "S4096" in text and "salience_cpu.json" in text  # the table, and the CPU benchmark apart
+    assert "commit abc1234" in text  # the commit of the code, with each table
+    assert "commit def5678 with uncommitted changes under topo_attn/" in text and "B1 S2k" in text
     assert figures(nb) == 1
 
 
@@ -134,6 +165,7 @@ def test_main_job_writes_notebooks_and_html_in_this_interpreter(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     executed, html = tmp_path / "out" / "probe.ipynb", tmp_path / "out" / "probe.html"
     assert str(executed.resolve()) in result.stdout and str(html.resolve()) in result.stdout
+    assert "probe.ipynb" in result.stderr  # the progress bar names the notebook that runs
     text = outputs_text(nbformat.read(executed, as_version=4))
     assert f"prefix {sys.prefix}" in text
     assert "label small" in text
@@ -142,6 +174,62 @@ def test_main_job_writes_notebooks_and_html_in_this_interpreter(tmp_path):
     if not torch.cuda.is_available():
         assert "interpret 1" in text
     assert "label small" in html.read_text()
+
+
+def test_main_job_progress_leaves_stdout_alone(monkeypatch, capsys, tmp_path):
+    """The main job's bar (stderr) names each notebook; stdout is byte-identical with and without it (notebook
+    runs and their timings stubbed, so that the two runs print the same)."""
+    import types
+
+    import topo_attn.notebooks as main_job
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("first", "second"):
+        nbformat.write(nbformat.v4.new_notebook(), src / f"{name}.ipynb")
+    ran = []
+
+    def run(path, out_dir, parameters=None, html=True, timeout=600):
+        ran.append(path.name)
+        return [Path(out_dir) / path.name]
+
+    monkeypatch.setattr(main_job, "run_notebook", run)
+    monkeypatch.setattr(main_job, "kernel_name", lambda: "python3")
+    monkeypatch.setattr(main_job, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    args = ["--notebooks", str(src), "--out", str(tmp_path / "out")]
+    assert main_job.main(args + ["--no-progress"]) == 0
+    quiet = capsys.readouterr()
+    assert main_job.main(args) == 0
+    shown = capsys.readouterr()
+    assert ran == ["first.ipynb", "second.ipynb"] * 2
+    assert shown.out == quiet.out and quiet.err == "" and "\r" not in shown.out
+    assert "  first.ipynb: 0.0 s\n  second.ipynb: 0.0 s\n" in shown.out
+    assert "notebooks" in shown.err and "first.ipynb" in shown.err and "second.ipynb" in shown.err
+
+
+def test_html_copies_show_progress_bars_as_a_terminal_does(tmp_path):
+    """render_html: a bar cleared when done leaves nothing, a kept bar its last state; other text stays, and
+    the executed notebook is not changed."""
+    from topo_attn.notebooks import render_html
+
+    def stream(name, text):
+        return nbformat.v4.new_output("stream", name=name, text=text)
+
+    cleared = nbformat.v4.new_code_cell("run()")
+    cleared.outputs = [stream("stderr", "\rcleared 0/2"), stream("stderr", "\rcleared 1/2, step b"),
+                       stream("stderr", "\rcleared 2/2"), stream("stderr", "\r" + " " * 12 + "\r"),
+                       stream("stdout", "result 42\n")]
+    kept = nbformat.v4.new_code_cell("run()")
+    kept.outputs = [stream("stderr", "\rkept 1/2"), stream("stderr", "\rkept 2/2\n"), stream("stderr", "a warning\n")]
+    path = tmp_path / "bars.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cleared, kept]), path)
+    before = path.read_text()
+    page = render_html(path).read_text(encoding="utf-8")
+    shown = visible_text(page)
+    assert "result 42" in shown and "kept 2/2" in shown and "a warning" in shown
+    assert "cleared" not in shown and "kept 1/2" not in shown
+    assert page.count('data-mime-type="application/vnd.jupyter.stderr"') == 1  # the kept bar and the warning
+    assert path.read_text() == before
 
 
 def test_readme_main_job_runs_the_notebooks():

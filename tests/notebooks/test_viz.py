@@ -226,6 +226,22 @@ def test_explorer_update_follows_the_widgets():
     assert explorer.topk.max == 8 and explorer.counts == explorer.update()
 
 
+def test_explorer_displays_its_widgets_then_the_live_kernel_note(monkeypatch):
+    """Displayed by IPython, the explorer shows its widgets and, under them, the note saying what the sliders
+    need, as plain HTML (not a widget, so a static copy shows it without JavaScript)."""
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.display import HTML
+
+    from topo_attn.viz import ScheduleExplorer, explorer as explorer_module
+
+    explorer = ScheduleExplorer({"a": clustered_keys(256, 16, 32, seed=0)}, key_set="a", block_size=32)
+    shown = []
+    monkeypatch.setattr(explorer_module, "display", shown.append)
+    assert DisplayFormatter().format(explorer) == ({}, {})  # IPython hands the display to the explorer
+    assert len(shown) == 2 and shown[0] is explorer.widget and isinstance(shown[1], HTML)
+    assert explorer_module.LIVE_KERNEL_NOTE in shown[1].data and ".venv/bin/jupyter lab notebooks/" in shown[1].data
+
+
 def test_explorer_needs_key_sets():
     from topo_attn.viz import ScheduleExplorer
 

@@ -49,3 +49,32 @@ def test_verdict_and_figure(clustered_qkv):
     fig = viz.plot_selection_quality(rows, ("recall", "lse_err"))
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == len(selection.SELECTORS)
     plt.close(fig)
+
+
+def test_progress_shows_on_stderr_and_changes_no_row(clustered_qkv, capsys):
+    q, k, v = clustered_qkv(256, 32, seed=2)
+    quiet = selection.compare_selectors(q, k, v, 32, [1, 2], clusters=2, progress=False)
+    assert capsys.readouterr().err == ""
+    shown = selection.compare_selectors(q, k, v, 32, [1, 2], clusters=2, progress="test input")
+    captured = capsys.readouterr()
+    assert shown == quiet and captured.out == ""
+    assert "test input" in captured.err and "oracle, budget 2" in captured.err  # what runs, named
+    selection.compare_selectors(q, k, v, 32, [1], selectors=["window"])  # the default: a bar with a description
+    assert "compare_selectors" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="progress must be a bool or a string"):
+        selection.compare_selectors(q, k, v, 32, [1], progress=1)
+
+
+def test_cli_output_is_the_same_with_progress(capsys):
+    """``python -m topo_attn.selection``: the tables and verdicts on stdout are byte-identical with the bar on
+    stderr and without it."""
+    from topo_attn.selection.__main__ import main
+
+    args = ["--budgets", "1", "--report-budget", "1", "--key-set", "outliers"]
+    main(args + ["--no-progress"])
+    quiet = capsys.readouterr()
+    main(args)
+    shown = capsys.readouterr()
+    assert shown.out == quiet.out and quiet.err == ""
+    assert "winner (without the oracle)" in shown.out and "\r" not in shown.out
+    assert "synthetic outliers" in shown.err and "real " in shown.err and "cluster, budget 1" in shown.err

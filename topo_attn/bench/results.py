@@ -5,6 +5,11 @@ A kernel result is a JSON file whose top level has ``suite``, ``gpu``, ``torch``
 ``{ours,sdpa,flex}_tflops``. They are written by the benchmark runner, ``python -m topo_attn.bench``, on a
 GPU. JSON files without ``rows`` (such as the CPU salience benchmark, ``salience_cpu.json``) are other
 results, read separately.
+
+Every result file also says which code produced it (:data:`COMMIT_KEYS`): ``commit``, the short hash of the
+repository's commit (``None`` when it is not known), ``dirty``, whether ``topo_attn/`` had uncommitted changes
+(left out when not known), and ``commit_source``, how the commit was determined or why there is none. The
+runner writes them from :func:`code_version`; :func:`commit_text` says them in words.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import importlib.util
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +29,10 @@ RESULTS_DIR = ROOT / "data" / "benchmarks"
 MEASURED_DIR = ROOT / "build" / "benchmarks"
 """Where a notebook run writes what it measured (not committed)."""
 RUNNER = "topo_attn.bench"
+PACKAGE_DIR = "topo_attn"
+"""The package's folder in the repository: uncommitted changes under it make a result ``dirty``."""
+COMMIT_KEYS = ("commit", "dirty", "commit_source")
+"""The fields naming the code a result came from (see the module's docstring)."""
 HEADER_KEYS = ("suite", "gpu", "torch", "triton", "command", "rows")
 ROW_KEYS = ("case", "seq_len", "ours_ms", "sdpa_ms", "flex_ms", "limit_ms", "ours_tflops", "sdpa_tflops",
             "flex_tflops")
@@ -42,13 +51,24 @@ class KernelBenchmark:
     triton: str
     command: str
     rows: list[dict]
+    commit: str | None = None
+    dirty: bool | None = None
+    commit_source: str | None = None
+
+    def code(self) -> str:
+        """The code the results came from, in words: :func:`commit_text` of the file's :data:`COMMIT_KEYS`
+        (``"commit not recorded"`` when it had none)."""
+        info = {k: getattr(self, k) for k in COMMIT_KEYS if getattr(self, k) is not None}
+        if self.commit_source is not None:
+            info.setdefault("commit", None)
+        return commit_text(info)
 
     def describe(self) -> str:
-        """One Markdown line naming the suite, the GPU, the versions and the command."""
+        """One Markdown line naming the suite, the GPU, the versions, the command and the commit."""
         path = self.path.resolve()
         shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
         return (f"suite **{self.suite}** on **{self.gpu}**, torch {self.torch}, triton {self.triton}: "
-                f"`{self.command}` ({len(self.rows)} rows, `{shown}`)")
+                f"`{self.command}` ({len(self.rows)} rows, `{shown}`); {self.code()}")
 
     def table(self, all_columns: bool = False):
         """The rows as a pandas DataFrame: the required columns, then those of ``scheduled_blocks``,
@@ -59,6 +79,54 @@ class KernelBenchmark:
         frame = pd.DataFrame(self.rows)
         rest = [c for c in frame.columns if c not in ROW_KEYS and (all_columns or c in TABLE_EXTRAS)]
         return frame[list(ROW_KEYS) + rest].set_index("case")
+
+
+def code_version(root: str | Path = ROOT) -> dict:
+    """What to record about the code in ``root`` (default :data:`ROOT`, the repository of this package), as
+    the :data:`COMMIT_KEYS` of a result file.
+
+    Returns:
+        ``{"commit": <git rev-parse --short HEAD>, "dirty": <whether git status shows changes under
+        topo_attn/, untracked files included>, "commit_source": <how>}`` when ``root`` is the top of a git
+        checkout; otherwise ``{"commit": None, "commit_source": <why not>}``: ``root`` is not a checkout (an
+        installed package lies in site-packages, possibly inside another repository's folder), the checkout
+        has no commit yet, or git is not installed.
+    """
+    root = Path(root).resolve()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        top = Path(git("rev-parse", "--show-toplevel")).resolve()
+    except FileNotFoundError:
+        return {"commit": None, "commit_source": f"git is not installed, so the commit of {root} is unknown"}
+    except subprocess.CalledProcessError:
+        return {"commit": None, "commit_source": f"{root} is not in a git checkout (an installed package?)"}
+    if top != root:
+        return {"commit": None, "commit_source": f"{root} is not the top of a git checkout (it lies inside "
+                                                 f"{top}; an installed package?)"}
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+    except subprocess.CalledProcessError:
+        return {"commit": None, "commit_source": f"the git checkout {root} has no commit yet"}
+    dirty = bool(git("status", "--porcelain", "--", PACKAGE_DIR))
+    return {"commit": commit, "dirty": dirty, "commit_source": f"git rev-parse --short HEAD when it ran; dirty: "
+                                                               f"git status --porcelain -- {PACKAGE_DIR}/"}
+
+
+def commit_text(info: Mapping) -> str:
+    """The code a result came from, in words, from the :data:`COMMIT_KEYS` in ``info`` (a result file's top
+    level, a run in it, or a :func:`load_suite` header): ``"commit abc1234"``, ``"commit abc1234 with
+    uncommitted changes under topo_attn/"`` (``dirty``), ``"commit unknown (<commit_source>)"`` (``commit`` is
+    None) or ``"commit not recorded"`` (no ``commit`` key)."""
+    if "commit" not in info:
+        return "commit not recorded"
+    if info["commit"] is None:
+        return f"commit unknown ({info.get('commit_source') or 'no reason given'})"
+    changes = f" with uncommitted changes under {PACKAGE_DIR}/" if info.get("dirty") else ""
+    return f"commit {info['commit']}{changes}"
 
 
 def _json_files(results_dir: str | Path | None) -> list[tuple[Path, object]]:
@@ -88,7 +156,19 @@ def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
         lacking = [k for k in ROW_KEYS if not isinstance(row, dict) or k not in row]
         if lacking:
             raise ValueError(f"{path}: row {i} lacks {lacking}; every row needs {list(ROW_KEYS)}")
-    return KernelBenchmark(Path(path), *(str(data[k]) for k in HEADER_KEYS[:-1]), list(data["rows"]))
+    _check_commit(path, data)
+    return KernelBenchmark(Path(path), *(str(data[k]) for k in HEADER_KEYS[:-1]), list(data["rows"]),
+                           *(data.get(k) for k in COMMIT_KEYS))
+
+
+def _check_commit(path: Path, data: dict) -> None:
+    """Raise ``ValueError`` naming ``path`` when its :data:`COMMIT_KEYS` have the wrong types (absent keys
+    are fine: the file predates them or comes from elsewhere)."""
+    expected = {"commit": (str, type(None)), "dirty": (bool,), "commit_source": (str,)}
+    for key, types in expected.items():
+        if key in data and not isinstance(data[key], types):
+            raise ValueError(f"{path}: {key!r} must be {' or '.join(t.__name__ for t in types)}, "
+                             f"got {data[key]!r}")
 
 
 def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[KernelBenchmark]:
@@ -103,14 +183,17 @@ def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[Kernel
 def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[dict, object]]:
     """Results of the runner's suite ``suite`` (e.g. ``build``, ``train``, ``select``) in ``results_dir``
     (default ``data/benchmarks``): per file, its header (GPU, versions, command, date, the file's note or None,
-    path) and its rows as a pandas DataFrame. Empty when none has been committed; a missing ``results_dir``
-    raises ``FileNotFoundError`` naming it."""
+    the :data:`COMMIT_KEYS` present in the file, path) and its rows as a pandas DataFrame (:func:`commit_text`
+    of the header says the commit in words). Empty when none has been committed; a missing ``results_dir``
+    raises ``FileNotFoundError`` naming it; :data:`COMMIT_KEYS` of the wrong type raise ``ValueError``."""
     import pandas as pd
 
     found = []
     for path, data in _json_files(results_dir):
         if isinstance(data, dict) and data.get("suite") == suite and isinstance(data.get("rows"), list):
-            header = {k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date", "note")} | {"path": path.name}
+            _check_commit(path, data)
+            header = ({k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date", "note")}
+                      | {k: data[k] for k in COMMIT_KEYS if k in data} | {"path": path.name})
             found.append((header, pd.DataFrame(data["rows"])))
     return found
 

@@ -1,9 +1,11 @@
 """Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select``.
 
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
-``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``. Prints the suite's markdown table and writes JSON
-(the GPU, the torch and triton versions, the exact command, the date, the optional note, one row per case and
-the table) to ``--out`` or ``data/benchmarks/<suite>_<gpu>.json`` in the repository
+``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, with a progress bar on stderr naming the case
+that runs (``--no-progress`` turns it off). Prints the suite's markdown table on stdout and writes JSON (the
+GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
+``topo_attn/`` had uncommitted changes (:func:`~topo_attn.bench.results.code_version`), the optional note, one
+row per case and the table) to ``--out`` or ``data/benchmarks/<suite>_<gpu>.json`` in the repository
 (:data:`~topo_attn.bench.results.RESULTS_DIR`).
 """
 
@@ -13,19 +15,41 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from .build import build_markdown, run_build_case
-from .cases import SUITES
+from .cases import SUITES, Case
 from .kernel import kernel_markdown, run_kernel_case
-from .results import RESULTS_DIR
+from .results import RESULTS_DIR, code_version
 from .select import run_select_case, select_markdown
 from .timing import median_ms
 from .train import run_train_case, train_markdown
 
-__all__ = ["SUITES", "main"]
+__all__ = ["SUITES", "main", "run_cases"]
+DISPLAY_FLAGS = ("--no-progress",)
+"""Flags that change only what is shown while the runner works: left out of the command stored with the results."""
+
+
+def run_cases(cases: Sequence[Case], run_case: Callable[[Case], dict | list[dict]], progress: bool = True,
+              description: str | None = None) -> list[dict]:
+    """The rows of ``run_case(case)`` for each of ``cases``, in order; a case may give one row (a dict) or
+    several (a list of dicts). With ``progress``, a tqdm bar on stderr counts the cases, shows
+    ``description`` and names the case that runs; it is cleared when the cases are done, and nothing is
+    written to stdout."""
+    from tqdm import tqdm
+
+    rows: list[dict] = []
+    with tqdm(total=len(cases), desc=description, unit="case", file=sys.stderr, leave=False,
+              disable=not progress) as bar:
+        for case in cases:
+            bar.set_postfix_str(case.name)
+            found = run_case(case)
+            rows.extend(found if isinstance(found, list) else [found])
+            bar.update()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=sorted(SUITES), default="llm")
     parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these strings")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compilation is slow)")
-    parser.add_argument("--note", default=None, help="a note stored with the results (e.g. the commit measured)")
+    parser.add_argument("--note", default=None, help="a note stored with the results (the commit is stored anyway)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/", file=sys.stderr)
@@ -47,24 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in SUITES[args.suite] if not args.cases or any(s in c.name for s in args.cases)]
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}", file=sys.stderr)
-    rows = []
-    for i, case in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] {case.name} ...", file=sys.stderr, flush=True)
+    version = code_version()  # the code as the run starts
+
+    def run_case(case: Case) -> dict | list[dict]:
         if args.suite == "build":
-            rows.append(run_build_case(case, median_ms))
+            found = run_build_case(case, median_ms)
         elif args.suite == "train":
-            rows.append(run_train_case(case, median_ms, with_flex=not args.no_flex))
+            found = run_train_case(case, median_ms, with_flex=not args.no_flex)
         elif args.suite == "select":
-            rows.extend(run_select_case(case, median_ms))
+            found = run_select_case(case, median_ms)
         else:
-            rows.append(run_kernel_case(case, args.suite, median_ms, with_flex=not args.no_flex))
+            found = run_kernel_case(case, args.suite, median_ms, with_flex=not args.no_flex)
         torch.cuda.empty_cache()
+        return found
+
+    rows = run_cases(cases, run_case, progress=not args.no_progress, description=f"suite {args.suite}")
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown}
     table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
     print(table)
-    command = "python -m topo_attn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
     result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                  command=command.strip(), date=time.strftime("%Y-%m-%d"), rows=rows, table=table)
+                  command=command.strip(), date=time.strftime("%Y-%m-%d"), **version, rows=rows, table=table)
     if args.note:
         result["note"] = args.note
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()

@@ -1,5 +1,7 @@
 """``python -m topo_attn.selection``: the selection-quality summary (every selector at equal budget) on a synthetic
-key set and on the captured real q, k, v; the defaults are ``notebooks/05_selection_quality.ipynb``'s."""
+key set and on the captured real q, k, v; the defaults are ``notebooks/05_selection_quality.ipynb``'s. The tables
+and verdicts go to stdout; while they are computed, a progress bar on stderr names the selector and budget
+that run (``--no-progress`` turns it off)."""
 
 from __future__ import annotations
 
@@ -39,15 +41,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sinks", type=int, default=1)
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--clusters", type=int, default=4)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
     common = dict(sinks=args.sinks, window=args.window, clusters=args.clusters)
     q, k, v = synthetic_qkv(samples.load_key_set(args.key_set), args.block_size, seed=0, sharpness=0.5)
-    rows = compare_selectors(q, k, v, args.block_size, args.budgets, **common)
+    rows = compare_selectors(q, k, v, args.block_size, args.budgets,
+                             progress=not args.no_progress and f"synthetic {args.key_set}", **common)
     print(f"synthetic: key set {args.key_set!r} {tuple(k.shape)}, blocks of {args.block_size}")
     _print_table(rows)
     print(verdict(rows, args.report_budget))
     q, k, v, info = load_real_qkv()
-    rows = compare_selectors(q, k, v, args.real_block_size, args.budgets, per_lane=True, **common)
+    rows = compare_selectors(q, k, v, args.real_block_size, args.budgets, per_lane=True,
+                             progress=not args.no_progress and f"real {info['model']}", **common)
     print(f"\nreal: {info['model']} ({info['package']} {info['package_version']}), layers {info['layers']}, "
           f"q/k/v {tuple(q.shape)}, blocks of {args.real_block_size}; mean over layers and heads")
     _print_table(rows)

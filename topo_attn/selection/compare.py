@@ -3,6 +3,7 @@ the rows say (:func:`verdict`)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -14,7 +15,8 @@ from .selectors import SELECTORS, TOPOLOGY_AWARE, schedule_from_scores, select
 
 def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, budgets: Sequence[int],
                       selectors: Sequence[str] | None = None, sinks: int = 1, window: int = 1,
-                      per_lane: bool = False, chunk: int = DEFAULT_CHUNK, **options) -> list[dict]:
+                      per_lane: bool = False, chunk: int = DEFAULT_CHUNK, progress: bool | str = True,
+                      **options) -> list[dict]:
     """Every selector at every budget on one input; full attention is computed once (and the oracle's block
     mass once for all budgets).
 
@@ -28,6 +30,8 @@ def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_s
         sinks, window: ints ``>= 0``, the same for every selector.
         per_lane: one row per lane instead of lane means.
         chunk: query rows per reference call, ``>= 1``.
+        progress: a tqdm bar on stderr over the (selector, budget) pairs, naming the one that runs and cleared
+            when all are done (stdout is left alone); a string is the bar's description; False shows none.
         options: passed to :func:`~topo_attn.selection.selectors.select` (``seed``, ``clusters``, ``scale``).
 
     Returns:
@@ -37,15 +41,25 @@ def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_s
 
     Raises:
         ValueError, TypeError: as :func:`~topo_attn.selection.selectors.select` and
-        :func:`~topo_attn.selection.metrics.schedule_quality`.
+        :func:`~topo_attn.selection.metrics.schedule_quality`; TypeError for a ``progress`` that is neither a
+        bool nor a string.
     """
+    if not isinstance(progress, (bool, str)):
+        raise TypeError(f"progress must be a bool or a string (the bar's description), got {progress!r}")
+    from tqdm import tqdm
+
     selectors = list(SELECTORS) if selectors is None else list(selectors)
-    reference = full_attention(q, k, v, block_size, options.get("scale"), chunk)
-    mass = None
-    heads = 1 if q.ndim == 2 else q.shape[1]
+    pairs = [(budget, name) for budget in budgets for name in selectors]
+    description = "compare_selectors" if progress is True else progress or None
     rows = []
-    for budget in budgets:
-        for name in selectors:
+    with tqdm(total=len(pairs), desc=description, unit="selector", file=sys.stderr, leave=False,
+              disable=progress is False) as bar:
+        bar.set_postfix_str("full attention (the reference)")
+        reference = full_attention(q, k, v, block_size, options.get("scale"), chunk)
+        mass = None
+        heads = 1 if q.ndim == 2 else q.shape[1]
+        for budget, name in pairs:
+            bar.set_postfix_str(f"{name}, budget {budget}")
             if name == "oracle":  # the block mass does not depend on the budget: compute it once
                 if mass is None:
                     mass = block_attention_mass(q, k, block_size, options.get("scale"), chunk)
@@ -62,6 +76,7 @@ def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_s
                                  "cos_err": float(m.cos_err[lane]), "lse_err": float(m.lse_err[lane])})
             else:
                 rows.append({"selector": name, "budget": budget, **m.summary()})
+            bar.update()
     return rows
 
 

@@ -3,27 +3,38 @@ window and top-k; every change redraws the block mask and the statistics.
 
 :meth:`ScheduleExplorer.update` does the work. It runs on every widget change and can also be called, or
 driven by setting the widgets' values, without a browser or a kernel (the tests do this).
+
+Displayed, the explorer shows its widgets and, under them, :data:`LIVE_KERNEL_NOTE` as plain HTML: a static copy
+of a notebook (nbconvert's HTML) draws the widgets only where it can load the widget JavaScript from a CDN, and
+their sliders never redraw there, so the page says in words what they need.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 
 import ipywidgets as w
 import torch
-from IPython.display import clear_output
+from IPython.display import HTML, clear_output, display
 
 from ..schedule import BlockSchedule, ScheduleCounts, num_blocks
 from ..topology import (block_centroids, block_salience, schedule_from_salience, schedule_sources,
                         top_salient_blocks)
 from . import figures
 
+LIVE_KERNEL_NOTE = ("The sliders above need a live Jupyter kernel: from the repository, start JupyterLab with "
+                    ".venv/bin/jupyter lab notebooks/ and run the notebook there. In a static HTML copy they do "
+                    "nothing, and they appear only where the page can load the widget JavaScript from the "
+                    "internet.")
+"""Shown under the explorer's widgets, as plain HTML that every copy of a notebook renders."""
+
 
 class ScheduleExplorer:
     """Widgets and state of the explorer. ``key_sets``: name -> keys ``[S, D]``. After each update,
     ``schedule`` (shared :class:`BlockSchedule`), ``sources`` (int8 ``[n, n]``,
     :func:`~topo_attn.schedule_sources`), ``counts``, ``figure`` and ``stats`` (HTML text) describe what is
-    shown. Display the explorer (last expression of a cell) to get the controls."""
+    shown. Display the explorer (last expression of a cell) to get the controls and, under them, :meth:`note`."""
 
     def __init__(self, key_sets: Mapping[str, torch.Tensor], key_set: str | None = None, block_size: int = 64,
                  block_sizes: Sequence[int] = (16, 32, 64, 128), sinks: int = 1, window: int = 1,
@@ -97,6 +108,16 @@ class ScheduleExplorer:
             clear_output(wait=True)
             figures.display_figure(self.figure)
         return self.counts
+
+    def note(self) -> HTML:
+        """:data:`LIVE_KERNEL_NOTE` as an IPython HTML object (a plain output, not a widget, so that a static
+        copy shows it without JavaScript)."""
+        return HTML(f'<p class="topo-attn-live-kernel-note"><i>{html.escape(LIVE_KERNEL_NOTE)}</i></p>')
+
+    def _ipython_display_(self) -> None:
+        """In IPython (a notebook cell's value, or ``display``): the widgets, then :meth:`note`."""
+        display(self.widget)
+        display(self.note())
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

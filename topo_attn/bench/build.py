@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from .table import markdown_header
+
 BUILD_COLUMNS = ["case", "blocks", "SDPA ms", "shared: build ms (f32) / attn ms", "build / attn",
                  "(build + attn) / SDPA", "per-lane: build ms (f32) / attn ms", "build / attn",
                  "(build + attn) / SDPA", "CPU shared build ms"]
@@ -71,7 +73,7 @@ def run_build_case(case, median_ms) -> dict:
 
 def build_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_build_case`), then the break-even sentence."""
-    lines = ["| " + " | ".join(BUILD_COLUMNS) + " |", "| --- |" + " ---: |" * (len(BUILD_COLUMNS) - 1)]
+    lines = markdown_header(BUILD_COLUMNS)
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['num_blocks']} | {r['sdpa_ms']:.3f} | "

@@ -20,6 +20,7 @@ from dataclasses import asdict
 import torch
 
 from .cases import Case
+from .table import markdown_header
 from .timing import visited_pairs
 
 PR_COLUMNS = ["seq", "scheduled / dense blocks", "block reduction", "dense masked ms", "full causal SDPA ms",
@@ -114,7 +115,7 @@ def kernel_markdown(rows: list[dict], suite: str) -> str:
     """The markdown table of ``rows`` (from :func:`run_kernel_case`): #22's columns for ``suite == "pr"``, the
     LLM columns otherwise."""
     if suite == "pr":
-        lines = ["| " + " | ".join(PR_COLUMNS) + " |", "|" + " ---: |" * len(PR_COLUMNS)]
+        lines = markdown_header(PR_COLUMNS, left=0)
         for r in rows:
             lines.append(
                 f"| {r['seq_len']} | {r['scheduled_blocks']} / {r['causal_blocks']} | {r['block_reduction']:.1%} | "
@@ -122,7 +123,7 @@ def kernel_markdown(rows: list[dict], suite: str) -> str:
                 f"{r['dense_csr_ms'] / r['ours_ms']:.2f}x | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
                 f"{r['max_abs_error']:.4f} |")
         return "\n".join(lines)
-    lines = ["| " + " | ".join(LLM_COLUMNS) + " |", "| --- |" + " ---: |" * (len(LLM_COLUMNS) - 1)]
+    lines = markdown_header(LLM_COLUMNS)
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['scheduled_blocks']} / {r['causal_blocks']} | {r['sdpa_ms']:.3f} ({r['sdpa_tflops']:.0f}) | "

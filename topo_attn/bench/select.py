@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .table import markdown_header
+
 SELECT_BUDGETS = (1, 2, 4, 8)
 SELECT_COLUMNS = ["selector", "budget", "blocks / row", "recall", "rel L2", "build ms", "attention ms",
                   "build + attention ms", "SDPA ms"]
@@ -52,7 +54,7 @@ def run_select_case(case, median_ms, budgets=SELECT_BUDGETS, device: str = "cuda
 
 def select_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_select_case`)."""
-    lines = ["| " + " | ".join(SELECT_COLUMNS) + " |", "| --- |" + " ---: |" * (len(SELECT_COLUMNS) - 1)]
+    lines = markdown_header(SELECT_COLUMNS)
     for r in rows:
         lines.append(f"| {r['selector']} | {r['budget']} | {r['blocks_per_row']:.2f} | {r['recall']:.4f} | "
                      f"{r['rel_l2']:.4f} | {r['build_ms']:.3f} | {r['attention_ms']:.3f} | {r['total_ms']:.3f} | "

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from .table import markdown_header
 from .timing import backward_and_step_ms, visited_pairs
 
 TRAIN_COLUMNS = ["case", "visited / causal blocks", "SDPA bwd ms (TF/s)", "ours bwd ms (TF/s)", "flex bwd ms (TF/s)",
@@ -99,7 +100,7 @@ def run_train_case(case, median_ms, with_flex: bool = True) -> dict:
 
 def train_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_train_case`)."""
-    lines = ["| " + " | ".join(TRAIN_COLUMNS) + " |", "| --- |" + " ---: |" * (len(TRAIN_COLUMNS) - 1)]
+    lines = markdown_header(TRAIN_COLUMNS)
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['scheduled_blocks']} / {r['causal_blocks']} | "

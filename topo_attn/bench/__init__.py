@@ -1,7 +1,8 @@
-"""Benchmarks, run on a GPU with ``python -m topo_attn.bench --suite pr|llm|build|train|select``.
+"""Benchmarks, run on a GPU with ``python -m topo_attn.bench --suite pr|llm|build|train|select|model``.
 
 Modules, each importing only those listed before it: ``cases`` (:class:`Case`, the suites' cases),
 ``timing`` (the timer and the work count), ``results`` (reading the committed results in ``data/benchmarks/``,
 and the commit of the code each records), one module per suite (``kernel`` for ``pr`` and ``llm``, ``build``,
-``train``, ``select``), and ``runner`` (the command line).
+``train``, ``select``, ``model`` (a transformers model's prefill through :mod:`topo_attn.integrations`; imports
+transformers when it runs)), and ``runner`` (the command line).
 """

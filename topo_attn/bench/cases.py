@@ -47,5 +47,8 @@ SUITES: dict[str, list[Case]] = {
     "train": [llm_case(S, b) for b in (64, 128) for S in (16384, 32768)] + [llm_case(16384, 128, H_kv=8)],
     # selection quality against build + attention time on the captured real q, k, v (topo_attn.bench.select)
     "select": [Case("MiniLM real q/k/v b16", 2, 12, 12, 512, 32, 16, "float16")],
+    # a 1B-shaped Llama's 16k prefill through transformers: SDPA, FlexAttention and the kit's backend
+    # (topo_attn.bench.model; heads, kv heads and head dim here, the rest of the shape in model.LLAMA_1B)
+    "model": [Case("Llama-1B-shape B1 S16k b64", 1, 32, 8, 16384, 64, 64, "bfloat16")],
 }
 """Suite name -> its cases, in the order they run."""

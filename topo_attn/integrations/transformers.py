@@ -1,0 +1,349 @@
+"""An attention backend for Hugging Face transformers (>= 5): switch a model's attention to the kit's
+block-sparse kernels by name.
+
+.. code-block:: python
+
+    from topo_attn.integrations import transformers as tat
+    name = tat.register(selector="centroid", block_size=64, sinks=1, window=1, budget=8, dense_layers=(0, 1))
+    model = LlamaForCausalLM.from_pretrained(path, attn_implementation=name)  # or model.set_attn_implementation(name)
+    logits = model(input_ids).logits
+    tat.last_stats(name)  # {layer_idx: LayerStats(visited_fraction=..., ...)} of the last forward
+
+:func:`register` puts two functions into transformers' registries under ``name``: the attention function
+(``transformers.AttentionInterface``) and a mask function (``transformers.masking_utils.AttentionMaskInterface``)
+that hands the model no mask at all (nothing ``[q_len, kv_len]`` is materialised, also at long context) and
+raises for every mask that is more than plain causal attention over the whole cache.
+
+What the attention function does, per layer and call (query ``[B, Hq, q_len, D]``, key/value
+``[B, Hkv, kv_len, D]``, not repeated for grouped-query attention):
+
+- ``q_len == kv_len`` (a forward over a whole sequence: training, prefill): the schedule is built from the
+  layer's own queries and keys (detached; one row-set per (batch, query head) lane; for ``selector="dense"``
+  and for the layers in ``dense_layers`` every causal block), then :func:`topo_attn.scheduled_attention` runs
+  the Triton kernels forward and, with gradients, backward.
+- ``q_len < kv_len`` (generation with a KV cache, chunked prefill): the queries sit at absolute positions
+  ``kv_len - q_len + i`` (bottom-right causal alignment). The kit has no decode path yet, so these steps are
+  computed densely over the whole cache with torch's ``scaled_dot_product_attention`` and a boolean
+  bottom-right causal mask: the exact causal result, not the sparse one. With a sparse selector a
+  :class:`DenseDecodeWarning` says so, once per registration.
+
+Raises ``ValueError`` (rather than answering wrongly) for: a padding mask with any zero (left or right padding,
+batched generation of prompts of different lengths), packed sequences (``position_ids`` that restart), a 4-D
+mask handed in by the caller, sliding-window or chunked attention (a config with ``sliding_window``, a
+``sliding_window`` keyword), non-causal attention, static or sliding-window caches (the cache would hold slots
+that are not yet written), attention dropout in training, logit soft-capping and attention sinks (``s_aux``).
+
+Statistics: :func:`last_stats` gives, per layer, the visited fraction of the causal blocks in the layer's last
+call (recorded on every call at no extra cost: the schedule's sizes are known on the host).
+
+transformers is imported inside this module only; ``import topo_attn`` does not import it.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from .._checks import check_int, check_kernel_block_size
+from ..attention import scheduled_attention
+from ..schedule import BlockSchedule, dense_causal_schedule, num_blocks
+from ..selection import SELECTORS, select
+
+__all__ = ["SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings", "last_stats", "register",
+           "registered", "schedule_for"]
+
+SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
+"""The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
+:data:`topo_attn.selection.SELECTORS`."""
+
+RESERVED_PARTS = ("flash", "sdpa", "flex_attention", "/", "|")
+"""Substrings a backend name may not contain: transformers gives names containing them special treatment
+(flash-attention and SDPA checks, FlexAttention masks, kernels from the Hub for ``org/name``, ``paged|``)."""
+
+
+class DenseDecodeWarning(UserWarning):
+    """A step with fewer queries than keys (decode, chunked prefill) was computed densely over the cache,
+    without the registered sparse schedule."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of one registered backend (see :func:`register`)."""
+
+    name: str
+    selector: str
+    block_size: int
+    sinks: int
+    window: int
+    budget: int
+    dense_layers: frozenset[int]
+    options: Mapping[str, object] = field(default_factory=dict)
+
+    def is_dense(self, layer_idx: int | None) -> bool:
+        """Whether layer ``layer_idx`` runs every causal block (``selector="dense"`` or a dense layer)."""
+        return self.selector == "dense" or layer_idx in self.dense_layers
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One layer's last call. ``scheduled_blocks`` and ``causal_blocks`` count (query block, key block) pairs
+    over all lanes (``lanes`` = batch x query heads) of the query blocks the call computed;
+    ``visited_fraction = scheduled_blocks / causal_blocks`` (1.0 for a dense layer and for a dense decode
+    step). ``path``: ``"kernel"`` (the Triton kernels) or ``"dense decode"`` (``q_len < kv_len``)."""
+
+    visited_fraction: float
+    scheduled_blocks: int
+    causal_blocks: int
+    lanes: int
+    q_len: int
+    kv_len: int
+    path: str
+
+
+@dataclass
+class _Backend:
+    """A registration: its settings and what it records (the last stats per layer, whether the dense-decode
+    warning was given, a few dense schedules kept for reuse)."""
+
+    settings: Settings
+    stats: dict = field(default_factory=dict)
+    warned: bool = False
+    dense_schedules: dict = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, _Backend] = {}
+"""Registered backends by name (what :func:`register` manages)."""
+
+_DENSE_CACHE_SIZE = 8  # dense schedules kept per backend, by (seq_len, device)
+
+
+# ------------------------------------------------------------------------------------------- registration
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    lowered = name.lower()
+    if not name or name.strip() != name or lowered == "eager" or any(p in lowered for p in RESERVED_PARTS):
+        raise ValueError(
+            f"name {name!r} cannot be used: transformers treats names that are empty, 'eager' or contain "
+            f"{', '.join(repr(p) for p in RESERVED_PARTS)} specially; pick another, e.g. 'topo_attn'")
+    return name
+
+
+def _check_dense_layers(dense_layers: object) -> frozenset[int]:
+    if isinstance(dense_layers, (str, bytes)) or not isinstance(dense_layers, Iterable):
+        raise TypeError(f"dense_layers must be an iterable of layer indices, got {type(dense_layers).__name__}")
+    return frozenset(check_int("dense_layers", layer, 0) for layer in dense_layers)
+
+
+def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, window: int = 1, budget: int = 8,
+             dense_layers: Iterable[int] = (), name: str = "topo_attn",
+             options: Mapping[str, object] | None = None) -> str:
+    """Register (or re-register) the kit's attention under ``name`` with transformers, and return ``name``,
+    to be passed as ``attn_implementation`` (``Config(..., attn_implementation=name)``,
+    ``from_pretrained(..., attn_implementation=name)`` or ``model.set_attn_implementation(name)``).
+
+    Arguments:
+        selector: one of :data:`SELECTOR_NAMES`: ``"dense"`` or a selector of :mod:`topo_attn.selection`
+            (``window``, ``random``, ``topology_22``, ``topology``, ``centroid``, ``cluster``,
+            ``cluster_centroid``, ``oracle``), each adding ``budget`` key blocks per query block beyond the
+            sinks and the window (``topology_22``: #22's rule with ``topk=budget``).
+        block_size: tokens per block, a power of two >= 16 (the kernel's tile).
+        sinks, window, budget: ints >= 0, as in :func:`topo_attn.selection.select`.
+        dense_layers: layer indices (``module.layer_idx``) that run every causal block through the same kernel.
+        name: the ``attn_implementation`` name; not empty, not ``"eager"``, and containing none of
+            :data:`RESERVED_PARTS`.
+        options: extra keyword options of the selector (``seed`` for ``random``, ``clusters`` for the
+            cluster selectors, ``chunk`` for ``oracle``); the oracle's ``scale`` is the model's.
+
+    Registering a name again replaces its settings (models already using the name follow them from their
+    next forward) and clears its statistics and its dense-decode warning flag.
+
+    Raises:
+        ValueError: an unknown selector, a block size that is not a power of two >= 16, a negative number
+            (``sinks``, ``window``, ``budget``, a layer index), a reserved name (each naming the argument).
+        TypeError: a non-int number, a non-str name or selector, options that are not a mapping.
+        ImportError: transformers is not installed (``pip install topo_attn[lm]``).
+    """
+    if not isinstance(selector, str):
+        raise TypeError(f"selector must be a str, got {type(selector).__name__}")
+    if selector not in SELECTOR_NAMES:
+        raise ValueError(f"selector must be one of {list(SELECTOR_NAMES)}, got {selector!r}")
+    block_size = check_int("block_size", block_size, 1)
+    check_kernel_block_size(block_size)
+    sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
+    layers = _check_dense_layers(dense_layers)
+    name = _check_name(name)
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"options must be a mapping of selector options or None, got {type(options).__name__}")
+    if options and "scale" in options:
+        raise ValueError("options must not hold 'scale': the oracle uses the model's softmax scale")
+    settings = Settings(name, selector, block_size, sinks, window, budget, layers, dict(options or {}))
+
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    _REGISTRY[name] = _Backend(settings)
+    AttentionInterface.register(name, partial(_attention, name))
+    AttentionMaskInterface.register(name, partial(_mask, name))
+    return name
+
+
+def registered(name: str = "topo_attn") -> Settings:
+    """The settings registered under ``name``. Raises ``KeyError`` for a name never registered."""
+    if name not in _REGISTRY:
+        raise KeyError(f"no topo_attn backend is registered under {name!r}; call register(name={name!r}) first")
+    return _REGISTRY[name].settings
+
+
+def last_stats(name: str = "topo_attn") -> dict[int | None, LayerStats]:
+    """Per layer index (``module.layer_idx``), the :class:`LayerStats` of that layer's last call under
+    ``name`` (a copy; empty before the first forward). Raises ``KeyError`` for a name never registered."""
+    registered(name)
+    return dict(_REGISTRY[name].stats)
+
+
+# ------------------------------------------------------------------------------------------ the schedule
+def schedule_for(settings: Settings, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
+                 scale: float | None = None) -> BlockSchedule:
+    """The schedule a layer runs for ``query [B, Hq, S, D]`` and ``key [B, Hkv, S, D]``: every causal block
+    (shared by all lanes) when ``settings.is_dense(layer_idx)``, else
+    ``selection.select(settings.selector, query, key, block_size, sinks, window, budget, **options)`` on the
+    detached tensors, one row-set per lane ``(B, Hq)``, on the query's device. ``scale``: the oracle's softmax
+    scale (``1 / sqrt(D)`` when None)."""
+    seq_len = query.shape[-2]
+    if settings.is_dense(layer_idx):
+        return dense_causal_schedule(seq_len, settings.block_size, query.device)
+    options = dict(settings.options)
+    if settings.selector == "oracle":
+        options["scale"] = scale
+    with torch.no_grad():
+        return select(settings.selector, query.detach(), key.detach(), settings.block_size, settings.sinks,
+                      settings.window, settings.budget, **options)
+
+
+def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device) -> BlockSchedule:
+    """The dense causal schedule for ``seq_len`` on ``device``, kept for reuse (a few per backend)."""
+    key = (seq_len, str(device))
+    schedule = backend.dense_schedules.get(key)
+    if schedule is None:
+        if len(backend.dense_schedules) >= _DENSE_CACHE_SIZE:
+            backend.dense_schedules.pop(next(iter(backend.dense_schedules)))
+        schedule = backend.dense_schedules[key] = dense_causal_schedule(seq_len, backend.settings.block_size, device)
+    return schedule
+
+
+def _causal_block_pairs(first_row: int, last_row: int) -> int:
+    """Causal (query block, key block) pairs of query blocks ``first_row..last_row``: row ``r`` has ``r + 1``."""
+    return (last_row + 1) * (last_row + 2) // 2 - first_row * (first_row + 1) // 2
+
+
+# ---------------------------------------------------------------------------------- the mask function
+def _mask(name: str, batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+          mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
+    """transformers' mask function for ``name``: always ``None`` (the kernels apply the causal mask and the
+    schedule themselves), after checking that the mask asked for is plain causal attention over the whole
+    cache. Raises ``ValueError`` for padding, packed sequences, sliding-window, chunked or bidirectional masks
+    and caches whose length is not ``q_offset + q_length`` (static and sliding-window caches)."""
+    from transformers.masking_utils import causal_mask_function
+
+    if mask_function is not causal_mask_function:
+        described = getattr(mask_function, "__qualname__", repr(mask_function))
+        raise ValueError(
+            f"attn_implementation {name!r} supports plain causal attention only, but the model asks for another "
+            f"mask ({described}): sliding-window or chunked attention, packed sequences (position_ids that "
+            f"restart), bidirectional attention or a custom mask function are not supported")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(
+            f"attn_implementation {name!r} does not support padding: the attention_mask holds zeros (padded "
+            f"tokens); pass sequences of equal length without padding, one at a time, or use another "
+            f"attn_implementation for padded batches")
+    q_offset = int(q_offset)
+    if kv_offset != 0 or kv_length != q_offset + q_length:
+        raise ValueError(
+            f"attn_implementation {name!r} needs a cache that holds exactly the tokens seen so far (a "
+            f"DynamicCache); this cache gives kv_length={kv_length}, kv_offset={kv_offset} for "
+            f"{q_offset} past and {q_length} new tokens (a static or sliding-window cache)")
+    return None
+
+
+# ----------------------------------------------------------------------------- the attention function
+def _check_call(name: str, module, attention_mask, dropout: float, kwargs: dict) -> None:
+    """What the kernels cannot do, raised instead of silently ignored."""
+    if attention_mask is not None:
+        raise ValueError(
+            f"attn_implementation {name!r} got an attention mask of shape {tuple(attention_mask.shape)}; it "
+            f"supports plain causal attention only (its mask function hands the model none): a 4-D or custom "
+            f"mask is not supported")
+    if dropout and float(dropout) > 0.0:
+        raise ValueError(
+            f"attn_implementation {name!r} does not support attention dropout (dropout={dropout} in training); "
+            f"set config.attention_dropout = 0.0 or call model.eval()")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(
+            f"attn_implementation {name!r} does not support sliding-window attention "
+            f"(sliding_window={kwargs['sliding_window']})")
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(f"attn_implementation {name!r} does not support {unsupported!r} (attention logit "
+                             f"soft-capping / attention sinks)")
+    if not getattr(module, "is_causal", True):
+        raise ValueError(f"attn_implementation {name!r} supports causal attention only (module.is_causal is False)")
+
+
+def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+               **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention function for ``name``: query ``[B, Hq, q_len, D]``, key/value
+    ``[B, Hkv, kv_len, D]``; returns ``(out [B, q_len, Hq, D] contiguous, None)`` (see the module docstring)."""
+    backend = _REGISTRY[name]
+    settings = backend.settings
+    _check_call(name, module, attention_mask, dropout, kwargs)
+    layer_idx = getattr(module, "layer_idx", None)
+    batch, heads, q_len, _ = query.shape
+    kv_len = key.shape[-2]
+    bs = settings.block_size
+    if q_len == kv_len:
+        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        if settings.is_dense(layer_idx):
+            schedule = _dense_schedule(backend, q_len, query.device)
+        else:
+            schedule = schedule_for(settings, layer_idx, query, key, scaling)
+        out = scheduled_attention(query, key, value, schedule, scale=scaling)
+        lanes = schedule.num_lanes
+        scheduled = schedule.nnz * (batch * heads // lanes)
+        causal = batch * heads * _causal_block_pairs(0, num_blocks(q_len, bs) - 1)
+        path = "kernel"
+    elif q_len < kv_len:
+        if not backend.warned and not settings.is_dense(None):
+            backend.warned = True
+            warnings.warn(
+                f"attn_implementation {name!r}: steps with fewer queries than keys (decode with a KV cache, "
+                f"chunked prefill) are computed densely over the cache (exact causal attention, not the "
+                f"{settings.selector!r} schedule) until the kit has its own decode path; warned once",
+                DenseDecodeWarning, stacklevel=3)
+        out = _dense_bottom_right(query, key, value, scaling)
+        first, last = (kv_len - q_len) // bs, (kv_len - 1) // bs
+        scheduled = causal = batch * heads * _causal_block_pairs(first, last)
+        path = "dense decode"
+    else:
+        raise ValueError(f"attn_implementation {name!r}: more queries ({q_len}) than keys ({kv_len})")
+    backend.stats[layer_idx] = LayerStats(scheduled / causal, scheduled, causal, batch * heads, q_len, kv_len, path)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _dense_bottom_right(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        scaling: float | None) -> torch.Tensor:
+    """Exact causal attention of ``q_len`` queries at positions ``kv_len - q_len + i`` over ``kv_len`` keys
+    (torch's SDPA with a boolean ``[q_len, kv_len]`` mask; none for one query): ``[B, Hq, q_len, D]``."""
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    mask = None
+    if q_len > 1:
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).tril(diagonal=kv_len - q_len)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                            enable_gqa=query.shape[1] != key.shape[1])

@@ -66,7 +66,7 @@ def register_reference(selector, sinks, window, budget, dense_layers, schedules:
         assert attention_mask is None and query.shape[-2] == key.shape[-2]
         seq_len = query.shape[-2]
         if selector == "dense" or module.layer_idx in dense_layers:
-            schedule = ta.dense_causal_schedule(seq_len, BLOCK)
+            schedule = ta.dense_causal_schedule(seq_len, BLOCK, query.device)
         else:
             schedule = selection.select(selector, query, key, BLOCK, sinks, window, budget, scale=scaling)
         schedules[module.layer_idx] = schedule

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -78,7 +79,9 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
     import topo_attn as ta
     from topo_attn.integrations import transformers as tat
 
+    started = time.perf_counter()
     model = build_model(case, device, shape)
+    print(f"  {case.name}: model built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     gen = torch.Generator().manual_seed(case.seq_len)
     ids = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len), generator=gen).to(device)
     nb = ta.num_blocks(case.seq_len, case.block_size)
@@ -98,6 +101,7 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
     rows, reference = [], None
     for label, implementation, selector in backends:
         ms, diff, visited = float("nan"), float("nan"), float("nan")
+        started = time.perf_counter()
         try:
             model.set_attn_implementation(implementation)
             logits = forward().float()
@@ -111,6 +115,9 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
             if implementation != "flex_attention":
                 raise
             print(f"  {label} failed on {case.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        # (on stderr as it goes: where the time went, compilation included, even if a later backend stalls)
+        print(f"  {case.name}, {label}: {ms:.1f} ms per prefill, {time.perf_counter() - started:.0f} s in all",
+              file=sys.stderr, flush=True)
         rows.append(dict(case=case.name, suite="model", attention=label, selector=selector,
                          budget=budget if selector not in (None, "dense") else None, seq_len=case.seq_len,
                          batch=case.batch, heads=case.heads, kv_heads=case.kv_heads, head_dim=case.head_dim,

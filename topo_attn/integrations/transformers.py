@@ -51,7 +51,7 @@ import torch
 
 from .._checks import check_int, check_kernel_block_size
 from ..attention import scheduled_attention
-from ..schedule import BlockSchedule, dense_causal_schedule, num_blocks
+from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 
 __all__ = ["SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings", "last_stats", "register",
@@ -314,9 +314,8 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
         else:
             schedule = schedule_for(settings, layer_idx, query, key, scaling)
         out = scheduled_attention(query, key, value, schedule, scale=scaling)
-        lanes = schedule.num_lanes
-        scheduled = schedule.nnz * (batch * heads // lanes)
-        causal = batch * heads * _causal_block_pairs(0, num_blocks(q_len, bs) - 1)
+        counts, per_lane_set = schedule.counts(), batch * heads // schedule.num_lanes
+        scheduled, causal = counts.scheduled_blocks * per_lane_set, counts.causal_blocks * per_lane_set
         path = "kernel"
     elif q_len < kv_len:
         if not backend.warned and not settings.is_dense(None):

@@ -87,12 +87,12 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
     nb = ta.num_blocks(case.seq_len, case.block_size)
     budget = case.topk if case.topk is not None else max(1, nb // 8)
     backends = [("sdpa", "sdpa", None)]
-    if with_flex:
-        backends.append(("flex_attention", "flex_attention", None))
     for selector in ("dense", *SPARSE_SELECTORS):
         name = tat.register(selector=selector, block_size=case.block_size, sinks=case.sinks, window=case.window,
                             budget=budget, name=f"topo_attn_bench_{selector}")
         backends.append((f"topo_attn {selector}", name, selector))
+    if with_flex:  # last: its compilation is the slowest step, and a stall there leaves the other rows done
+        backends.append(("flex_attention", "flex_attention", None))
 
     def forward():
         with torch.no_grad():

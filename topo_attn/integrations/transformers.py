@@ -149,7 +149,7 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
 
     Arguments:
         selector: one of :data:`SELECTOR_NAMES`: ``"dense"`` or a selector of :mod:`topo_attn.selection`
-            (``window``, ``random``, ``topology_22``, ``topology``, ``centroid``, ``cluster``,
+            (``window``, ``random``, ``topology_22``, ``topology``, ``centroid``, ``quest``, ``cluster``,
             ``cluster_centroid``, ``oracle``), each adding ``budget`` key blocks per query block beyond the
             sinks and the window (``topology_22``: #22's rule with ``topk=budget``).
         block_size: tokens per block, a power of two >= 16 (the kernel's tile).

@@ -14,6 +14,10 @@ fewer.
 - ``"random"``: uniform random blocks (seeded);
 - ``"topology_22"``: #22's rule, as above; ``"topology"``: the same elder-rule salience at equal budget;
 - ``"centroid"``: the mean-pooled query of the query block dotted with each key-block centroid;
+- ``"quest"`` (Quest, Tang et al. 2024, the page bound): per key block the element-wise minimum ``m`` and
+  maximum ``M`` of its keys; a query's upper bound on ``q . k`` for any key of the block is
+  ``sum_i max(q_i M_i, q_i m_i)``, and a query block scores the key block by the largest bound among its
+  queries, an upper bound on every ``q . k`` of the tile;
 - ``"cluster"`` (topology-aware and query-aware): the key-block centroids' minimum spanning tree is cut at its
   ``clusters - 1`` longest edges (the 0-dimensional persistence clusters that live longest); each cluster is
   scored by the query-block centroid against the cluster centroid, blocks of better clusters come first,
@@ -135,6 +139,33 @@ def centroid_scores(q, k, block_size, **_) -> torch.Tensor:
     return _shape_scores(qc @ kc.transpose(-1, -2), q)
 
 
+def quest_scores(q, k, block_size, **_) -> torch.Tensor:
+    """Quest's page bound (Tang et al. 2024): with ``m[kb]`` and ``M[kb]`` the element-wise minimum and maximum
+    of the keys of key block ``kb`` (a partial last block: its real rows), the score of ``[qb, kb]`` is the
+    largest, over the queries of query block ``qb`` (a partial last block: its real rows), of
+    ``sum_i max(q_i M_i, q_i m_i) = relu(q) . M + min(q, 0) . m``: an upper bound on every ``q . k`` of the
+    tile. Float64 ``[..., n, n]`` from the detached inputs; per lane ``O(S (n + D))`` memory (float64 copies of
+    q and k, the bounds ``[S, n]`` from two products ``[S, D] x [D, n]``; no ``[S, n, D]`` intermediate; the key
+    bounds are taken per key head and then expanded to the query heads)."""
+    bs = block_size
+    seq = q.shape[-2]
+    nb = num_blocks(seq, bs)
+    pad = nb * bs - seq
+    keys = k.detach().to(torch.float64)
+    # key-block bounds per key head; padding rows never win the min or the max
+    hi = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("-inf"))
+    lo = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("inf"))
+    hi = hi.unflatten(-2, (nb, bs)).amax(-2)  # [..., n, D]
+    lo = lo.unflatten(-2, (nb, bs)).amin(-2)
+    q4, hi4 = _lanes(q, hi)  # the key heads' bounds expanded to the query heads
+    _, lo4 = _lanes(q, lo)
+    q4 = q4.detach().to(torch.float64)
+    bound = q4.clamp(min=0) @ hi4.transpose(-1, -2) + q4.clamp(max=0) @ lo4.transpose(-1, -2)  # [B, H, S, n]
+    # the largest bound over each query block's real rows
+    bound = torch.nn.functional.pad(bound, (0, 0, 0, pad), value=float("-inf"))
+    return _shape_scores(bound.unflatten(-2, (nb, bs)).amax(-2), q)
+
+
 def mst_clusters(centroids: torch.Tensor, clusters: int) -> np.ndarray:
     """The clusters left when the minimum spanning tree of the centroids is cut at its ``clusters - 1`` longest
     edges: single-linkage clusters, the components of the 0-dimensional persistence at that scale.
@@ -218,6 +249,7 @@ SELECTORS: dict[str, Callable[..., torch.Tensor]] = {
     "topology_22": topology_scores,  # scores unused: select() builds #22's rule itself
     "topology": topology_scores,
     "centroid": centroid_scores,
+    "quest": quest_scores,
     "cluster": cluster_scores,
     "cluster_centroid": cluster_centroid_scores,
     "oracle": oracle_scores,
@@ -230,6 +262,7 @@ DESCRIPTIONS = {
     "topology_22": "#22's rule: one global top-k of the elder-rule salience per lane (visits fewer blocks)",
     "topology": "the elder-rule salience, top-budget per row among the causal blocks outside sinks/window",
     "centroid": "mean-pooled query of the query block . key-block centroid",
+    "quest": "Quest's page bound: max over the block's queries of relu(q) . max(keys) + min(q, 0) . min(keys)",
     "cluster": "persistence clusters (MST cut at its longest edges) ranked by query . cluster centroid, "
                "then blocks by the centroid score",
     "cluster_centroid": "centroid score + the score of the block's persistence cluster",
@@ -240,7 +273,7 @@ DESCRIPTIONS = {
 TOPOLOGY_AWARE = ("topology_22", "topology", "cluster", "cluster_centroid")
 """The selectors that use the key blocks' persistence (salience or clusters)."""
 
-QUERY_AWARE = ("centroid", "cluster", "cluster_centroid", "oracle")
+QUERY_AWARE = ("centroid", "quest", "cluster", "cluster_centroid", "oracle")
 """The selectors that read the queries."""
 
 

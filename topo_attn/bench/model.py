@@ -70,9 +70,10 @@ def build_model(case, device: str = "cuda", shape: dict | None = None):
 
 
 def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool = True, device: str = "cuda",
-                   shape: dict | None = None) -> list[dict]:
+                   shape: dict | None = None, model=None) -> list[dict]:
     """Rows (one per attention implementation) for ``case`` (a :class:`~topo_attn.bench.cases.Case`) on
-    ``device`` with the model of :func:`build_model` (``shape`` as there). ``median_ms(fn)`` times a call;
+    ``device`` with the model of :func:`build_model` (``shape`` as there), or with ``model`` when given (a
+    causal LM on ``device`` whose heads match the case's; left on ``sdpa``). ``median_ms(fn)`` times a call;
     FlexAttention (left out without ``with_flex``) that fails is reported on stderr and its row holds NaN."""
     import transformers
 
@@ -80,8 +81,9 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
     from topo_attn.integrations import transformers as tat
 
     started = time.perf_counter()
-    model = build_model(case, device, shape)
-    print(f"  {case.name}: model built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    if model is None:
+        model = build_model(case, device, shape)
+        print(f"  {case.name}: model built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     gen = torch.Generator().manual_seed(case.seq_len)
     ids = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len), generator=gen).to(device)
     nb = ta.num_blocks(case.seq_len, case.block_size)
@@ -124,6 +126,7 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
                          block_size=case.block_size, dtype=case.dtype, layers=model.config.num_hidden_layers,
                          hidden=model.config.hidden_size, transformers=transformers.__version__, ms=ms,
                          visited_fraction=visited, max_logit_diff=diff))
+    model.set_attn_implementation("sdpa")
     return _with_ratios(rows)
 
 

@@ -67,19 +67,23 @@ def bits_per_byte(losses: torch.Tensor, buckets: Sequence[tuple[int, int | None]
     return result
 
 
-def passkey_scores(model, probes: Sequence[Passkey]) -> list[dict]:
-    """Per probe: ``distance``, ``loss`` (mean nats per byte of the repeated value) and ``exact`` (every byte of
-    the value is the model's most likely next byte given the true bytes before it: what greedy decoding from the
-    line's prefix would reproduce)."""
+def passkey_scores(model, probes: Sequence[Passkey], batch: int = 1) -> list[dict]:
+    """Per probe (in order): ``distance``, ``loss`` (mean nats per byte of the repeated value) and ``exact``
+    (every byte of the value is the model's most likely next byte given the true bytes before it: what greedy
+    decoding from the line's prefix would reproduce). Probes of equal length run ``batch`` per forward."""
     device = next(model.parameters()).device
     rows = []
     with torch.no_grad():
-        for probe in probes:
-            ids = torch.from_numpy(probe.ids.astype(np.int64))[None].to(device)
-            logits = model(ids).logits[0].float()
-            targets = torch.from_numpy(probe.targets).to(device)
-            predicted = logits[targets - 1]
-            loss = torch.nn.functional.cross_entropy(predicted, ids[0, targets])
-            exact = bool((predicted.argmax(-1) == ids[0, targets]).all())
-            rows.append(dict(distance=probe.distance, loss=float(loss), exact=exact))
+        for start in range(0, len(probes), batch):
+            group = probes[start:start + batch]
+            if len({len(p.ids) for p in group}) > 1:
+                raise ValueError("probes of one batch must have equal lengths; pass batch=1")
+            ids = torch.from_numpy(np.stack([p.ids for p in group]).astype(np.int64)).to(device)
+            logits = model(ids).logits.float()
+            for row, probe in enumerate(group):
+                targets = torch.from_numpy(probe.targets).to(device)
+                predicted = logits[row, targets - 1]
+                loss = torch.nn.functional.cross_entropy(predicted, ids[row, targets])
+                exact = bool((predicted.argmax(-1) == ids[row, targets]).all())
+                rows.append(dict(distance=probe.distance, loss=float(loss), exact=exact))
     return rows

@@ -1,0 +1,263 @@
+"""``python -m topo_attn.lm evaluate``: how much of a causal LM's quality each selector keeps, at which visited
+fraction, and at what speed.
+
+For a model folder (default ``data/lm``, the kit's model) and its held-out documents (``eval_set.npz``: a
+``documents`` array ``uint8 [N, L]``; the model's tokens are bytes), with the kit's transformers backend
+(:mod:`topo_attn.integrations.transformers`, every layer sparse unless ``--dense-layers``):
+
+- **perplexity**: bits per byte, overall and by position bucket, for ``sdpa``, the kit's ``dense`` and every
+  selector of :data:`SELECTORS` at every budget, with the visited fraction of the causal blocks achieved;
+- **retrieval**: the passkey probe (:mod:`.probe`) at distances from 1k to the context: exact-match rate and
+  loss on the repeated value's bytes, for the same configurations;
+- **recall**: per layer and head, the attention-mass recall of each selector's schedule
+  (:func:`topo_attn.selection.schedule_quality`) on the model's own queries and keys of one document;
+- **speed** (a GPU only): the whole model's prefill at the context length with ``sdpa`` and the kit's backend
+  (:func:`topo_attn.bench.model.run_model_case`, schedule builds included).
+
+Results are written as JSON (``--out``) with the GPU, versions, command and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..bench.results import ROOT, code_version
+from ..schedule import num_blocks
+from ..selection import full_attention, schedule_quality, select
+from .evaluate import bits_per_byte, passkey_scores, token_losses
+from .train import probe_distances, probe_set
+
+SELECTORS = ("window", "random", "topology_22", "topology", "centroid", "quest", "cluster", "cluster_centroid",
+             "oracle")
+"""The sparse selectors evaluated (every selector of :mod:`topo_attn.selection`)."""
+
+DEFAULT_MODEL = ROOT / "data" / "lm"
+BACKEND = "topo_attn_evaluate"
+CAPTURE = "topo_attn_capture"
+
+
+def load_model(path: str | Path, device: str, dtype: torch.dtype):
+    """``LlamaForCausalLM``-like model of the folder ``path`` (``AutoModelForCausalLM``) in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+
+
+def load_documents(path: str | Path, count: int | None = None, length: int | None = None) -> np.ndarray:
+    """The ``documents`` (``uint8 [N, L]``) of an ``.npz`` file, the first ``count`` of them, cut to ``length``.
+    Raises ``ValueError`` when the file holds fewer documents or shorter ones."""
+    docs = np.load(path)["documents"]
+    count = len(docs) if count is None else count
+    length = docs.shape[1] if length is None else length
+    if docs.ndim != 2 or len(docs) < count or docs.shape[1] < length:
+        raise ValueError(f"{path} holds documents of shape {docs.shape}; expected at least [{count}, {length}]")
+    return docs[:count, :length]
+
+
+def configurations(budgets: list[int], selectors: tuple[str, ...] = SELECTORS) -> list[tuple[str, int | None]]:
+    """``(attention, budget)``: ``sdpa``, the kit's ``dense``, ``window`` once (when among ``selectors``), and
+    every other selector of ``selectors`` at every budget. Raises ``ValueError`` for a name outside
+    :data:`SELECTORS`."""
+    unknown = sorted(set(selectors) - set(SELECTORS))
+    if unknown:
+        raise ValueError(f"selectors must be among {list(SELECTORS)}, got {unknown}")
+    out = [("sdpa", None), ("dense", None)] + ([("window", 0)] if "window" in selectors else [])
+    return out + [(s, b) for s in SELECTORS if s in selectors and s != "window" for b in budgets]
+
+
+def _use(model, attention: str, budget: int | None, args) -> str | None:
+    """Switch ``model`` to ``attention``; the backend name of the kit (None for sdpa)."""
+    from ..integrations import transformers as tat
+
+    if attention == "sdpa":
+        model.set_attn_implementation("sdpa")
+        return None
+    name = tat.register(selector=attention, block_size=args.block_size, sinks=args.sinks, window=args.window,
+                        budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND)
+    model.set_attn_implementation(name)
+    return name
+
+
+def _visited(name: str | None) -> tuple[int, int]:
+    """Scheduled and causal block pairs of the last forward over all layers (the dense count for sdpa: 0, 0)."""
+    from ..integrations import transformers as tat
+
+    if name is None:
+        return 0, 0
+    stats = tat.last_stats(name).values()
+    return sum(s.scheduled_blocks for s in stats), sum(s.causal_blocks for s in stats)
+
+
+def quality_rows(model, docs: np.ndarray, args, progress: bool = True) -> tuple[list[dict], list[dict]]:
+    """Perplexity rows and retrieval rows for every configuration (see the module docstring)."""
+    from tqdm.auto import tqdm
+
+    ids = torch.from_numpy(docs.astype(np.int64))
+    probes = probe_set(docs, probe_distances(docs.shape[1]), args.probes, seed=args.seed)
+    perplexity, retrieval = [], []
+    configs = configurations(args.budgets, tuple(args.selectors))
+    for attention, budget in tqdm(configs, desc="perplexity and retrieval", disable=not progress):
+        started = time.perf_counter()
+        name = _use(model, attention, budget, args)
+        losses, scheduled, causal = [], 0, 0
+        for start in range(0, len(ids), args.batch):
+            losses.append(token_losses(model, ids[start:start + args.batch], batch=args.batch))
+            s, c = _visited(name)
+            scheduled, causal = scheduled + s, causal + c
+        visited = scheduled / causal if causal else 1.0
+        perplexity.append(dict(attention=attention, budget=budget, visited_fraction=visited,
+                               bits_per_byte=bits_per_byte(torch.cat(losses)), documents=len(ids),
+                               seconds=time.perf_counter() - started))
+        scores = passkey_scores(model, probes, batch=args.batch)
+        for distance in sorted({r["distance"] for r in scores}):
+            at = [r for r in scores if r["distance"] == distance]
+            retrieval.append(dict(attention=attention, budget=budget, visited_fraction=visited, distance=distance,
+                                  exact=sum(r["exact"] for r in at) / len(at), probes=len(at),
+                                  loss=sum(r["loss"] for r in at) / len(at)))
+    return perplexity, retrieval
+
+
+def capture_qkv(model, ids: torch.Tensor) -> dict:
+    """Per layer index, the ``(query, key, value)`` the model's attention received for ``ids`` ``[1, L]``
+    (after RoPE; keys and values not repeated for GQA), from one SDPA forward."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        captured[module.layer_idx] = (query.detach(), key.detach(), value.detach())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(CAPTURE, capture)
+    model.set_attn_implementation(CAPTURE)
+    with torch.no_grad():
+        model(ids.to(next(model.parameters()).device))
+    model.set_attn_implementation("sdpa")
+    return captured
+
+
+def recall_rows(model, doc: np.ndarray, args, progress: bool = True) -> list[dict]:
+    """Per selector, budget and layer: the attention-mass recall of each query head (mean over its rows) on
+    ``doc``'s queries and keys."""
+    from tqdm.auto import tqdm
+
+    captured = capture_qkv(model, torch.from_numpy(doc.astype(np.int64))[None])
+    rows = []
+    for layer, (q, k, v) in tqdm(sorted(captured.items()), desc="recall", disable=not progress):
+        reference = full_attention(q, k, v, args.block_size)
+        for attention, budget in configurations(args.budgets, tuple(args.selectors))[2:]:
+            options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
+            schedule = select(attention, q, k, args.block_size, args.sinks, args.window, budget, **options)
+            quality = schedule_quality(q, k, v, schedule, reference=reference)
+            counts = schedule.counts()
+            rows.append(dict(attention=attention, budget=budget, layer=layer,
+                             visited_fraction=counts.scheduled_blocks / counts.causal_blocks,
+                             recall=[float(r) for r in quality.recall.cpu()]))
+    return rows
+
+
+def speed_rows(model, args) -> list[dict]:
+    """The model's prefill at the documents' length with ``sdpa`` and the kit's backend
+    (:func:`topo_attn.bench.model.run_model_case`); a GPU only."""
+    from ..bench.cases import Case
+    from ..bench.model import run_model_case
+
+    config = model.config
+    case = Case(f"kit LM S{args.length // 1024}k b{args.block_size}", 1, config.num_attention_heads,
+                config.num_key_value_heads, args.length, config.head_dim, args.block_size, "bfloat16",
+                window=args.window, sinks=args.sinks)
+    return run_model_case(case, with_flex=args.flex, model=model)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="model folder (default: data/lm)")
+    parser.add_argument("--eval-set", default=None, help="documents .npz (default: <model>/eval_set.npz)")
+    parser.add_argument("--documents", type=int, default=16, help="held-out documents for perplexity")
+    parser.add_argument("--length", type=int, default=None, help="bytes per document (default: all)")
+    parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[2, 6, 14, 30],
+                        help="extra key blocks per query block beyond sinks and window")
+    parser.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS,
+                        help="selectors to evaluate (default: all)")
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--sinks", type=int, default=1)
+    parser.add_argument("--window", type=int, default=1)
+    parser.add_argument("--dense-layers", type=int, nargs="*", default=[])
+    parser.add_argument("--batch", type=int, default=4, help="documents per forward")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
+    parser.add_argument("--no-recall", dest="recall", action="store_false")
+    parser.add_argument("--no-speed", dest="speed", action="store_false")
+    parser.add_argument("--flex", action="store_true", help="time transformers' flex_attention too (slow to compile)")
+    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
+    """Everything of the module docstring for parsed ``args``; the results as a dict."""
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    model = load_model(args.model, args.device, dtype)
+    docs = load_documents(args.eval_set or Path(args.model) / "eval_set.npz", args.documents, args.length)
+    args.length = docs.shape[1]
+    started = time.perf_counter()
+    perplexity, retrieval = quality_rows(model, docs, args, args.progress)
+    result = dict(
+        suite="lm", model=str(args.model), gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
+        torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
+        " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
+        **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
+        window=args.window, dense_layers=list(args.dense_layers), dtype=str(dtype).removeprefix("torch."),
+        causal_blocks_per_lane=num_blocks(args.length, args.block_size) * (num_blocks(args.length, args.block_size)
+                                                                            + 1) // 2,
+        perplexity=perplexity, retrieval=retrieval)
+    if args.recall:
+        result["recall"] = recall_rows(model, docs[0], args, args.progress)
+    if args.speed and args.device != "cpu":
+        result["speed"] = speed_rows(model, args)
+    result["seconds"] = time.perf_counter() - started
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m topo_attn.lm evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    argv = sys.argv[2:] if argv is None else list(argv)
+    result = evaluate(parser.parse_args(argv), argv)
+    print(summary_table(result))
+    return 0
+
+
+def summary_table(result: dict) -> str:
+    """Markdown: per configuration the visited fraction, bits per byte (all and per bucket) and the passkey
+    exact-match rate per distance."""
+    buckets = [k for k in result["perplexity"][0]["bits_per_byte"] if k != "all"]
+    distances = sorted({r["distance"] for r in result["retrieval"]})
+    head = ["attention", "budget", "visited", "bits/byte", *buckets, *[f"passkey @{d}" for d in distances]]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    exact = {(r["attention"], r["budget"], r["distance"]): r["exact"] for r in result["retrieval"]}
+    for r in result["perplexity"]:
+        cells = [r["attention"], "" if r["budget"] is None else str(r["budget"]), f"{r['visited_fraction']:.1%}",
+                 f"{r['bits_per_byte']['all']:.3f}", *[f"{r['bits_per_byte'][b]:.3f}" for b in buckets],
+                 *[f"{exact[(r['attention'], r['budget'], d)]:.0%}" for d in distances]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

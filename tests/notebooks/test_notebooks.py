@@ -26,8 +26,10 @@ EXPECTED = {
     "02_persistence_barcodes": ["gudhi agrees"],
     "03_schedule_explorer": ["causal blocks scheduled", "max |kernel - reference|"],
     "04_benchmark": ["showing the committed results"],
+    "06_language_model": ["bits/byte", "max |logit(dense) - logit(sdpa)|"],
 }
-MIN_FIGURES = {"01_key_block_centroids": 2, "02_persistence_barcodes": 2, "03_schedule_explorer": 1}
+MIN_FIGURES = {"01_key_block_centroids": 2, "02_persistence_barcodes": 2, "03_schedule_explorer": 1,
+               "06_language_model": 1}
 # text that the HTML copy must show as text (outside scripts and styles), for the notebooks listed: the explorer's
 # sliders need the widget JavaScript from a CDN, so the page says in words what they need
 EXPECTED_HTML = {"03_schedule_explorer": [LIVE_KERNEL_NOTE]}
@@ -138,6 +140,23 @@ def test_benchmark_notebook_says_when_there_are_no_results(tmp_path):
                         {"results_dir": str(tmp_path / "empty"), "run_benchmark": False}, html=False)
     nb = nbformat.read(out, as_version=4)
     assert "No kernel benchmark results yet" in outputs_text(nb) and figures(nb) == 0
+
+
+def test_language_model_notebook_renders_results(tmp_path):
+    """Notebook 06 on a stand-in of the study's results (tests/notebooks/lm_standin.py): the header, the summary
+    table and a figure per section, at the budget asked for."""
+    from lm_standin import lm_result  # tests/notebooks/
+
+    results = tmp_path / "lm_quality.json"
+    results.write_text(json.dumps(lm_result()))
+    out, = run_notebook(NOTEBOOK_DIR / "06_language_model.ipynb", tmp_path / "out",
+                        {**SMALL, "results": str(results), "budget": 2}, html=False)
+    nb = nbformat.read(out, as_version=4)
+    text = outputs_text(nb)
+    assert "NVIDIA Test GPU" in text and "commit abc1234" in text  # the header
+    assert "passkey @8064" in text and "| topology_causal | 6 |" in text  # the summary table, an unknown selector
+    assert "at budget 2" in text and "bits/byte" in text
+    assert figures(nb) == 6  # training, Pareto front, positions, retrieval, recall, speed
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

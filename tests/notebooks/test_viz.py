@@ -259,3 +259,175 @@ def test_plot_recall_vs_time_lines_per_selector():
     assert list(lines["oracle"].get_xdata()) == [0.1, 0.2, 0.4] and ax.get_xscale() == "log"
     with pytest.raises(ValueError, match="empty"):
         viz.plot_recall_vs_time([])
+
+
+# ---------------------------------------------------------------------------------- the language-model study
+def lm_figure_result(**options) -> dict:
+    from lm_standin import lm_result  # tests/notebooks/lm_standin.py
+
+    return lm_result(**options)
+
+
+def lines_by_label(ax) -> dict:
+    return {line.get_label(): line for line in ax.get_lines()}
+
+
+def test_selector_styles_know_quest_and_give_unknown_names_a_stable_style():
+    assert viz.selector_style("quest") == viz.SELECTOR_STYLES["quest"]
+    style = viz.selector_style("topology_causal")
+    assert style == viz.selector_style("topology_causal") and style[0] not in {s[0] for s in
+                                                                               viz.SELECTOR_STYLES.values()}
+
+
+def test_plot_lm_pareto_lines_per_selector_references_and_window_point():
+    result = lm_figure_result()
+    fig = viz.plot_lm_pareto(result["perplexity"])
+    late, overall = fig.axes
+    assert "4k-8k" in late.get_title() and overall.get_title() == "all positions"
+    lines = lines_by_label(late)
+    assert {"centroid", "quest", "topology_causal", "window", "SDPA (dense causal)",
+            "kit, dense schedule"} <= set(lines)
+    np.testing.assert_allclose(lines["centroid"].get_xdata(), [0.2, 0.4])  # through its budgets
+    np.testing.assert_allclose(lines["centroid"].get_ydata(), [0.82 + 0.1 / 3, 0.82 + 0.1 / 7])
+    assert len(lines["window"].get_xdata()) == 1 and lines["window"].get_linestyle() == "None"
+    np.testing.assert_allclose(lines["SDPA (dense causal)"].get_ydata(), [0.82, 0.82])  # a horizontal line
+    np.testing.assert_allclose(lines_by_label(overall)["quest"].get_ydata(), [0.81 + 0.1 / 3, 0.81 + 0.1 / 7])
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == len(set(labels)) == 6  # one legend for both panels
+    assert len(viz.plot_lm_pareto(result["perplexity"], buckets=["0-1k"]).axes) == 1
+    with pytest.raises(ValueError, match="not in the rows"):
+        viz.plot_lm_pareto(result["perplexity"], buckets=["16k+"])
+    with pytest.raises(ValueError, match="empty"):
+        viz.plot_lm_pareto([])
+
+
+def test_plot_lm_positions_at_one_budget_and_against_sdpa():
+    pd = pytest.importorskip("pandas")
+    rows = lm_figure_result()["perplexity"]
+    for given in (rows, pd.DataFrame(rows)):  # rows, or a DataFrame (budget NaN for the references)
+        fig = viz.plot_lm_positions(given, 6)
+        absolute, excess = fig.axes
+        lines = lines_by_label(absolute)
+        np.testing.assert_allclose(lines["quest"].get_ydata(), [0.8 + 0.1 / 7, 0.81 + 0.1 / 7, 0.82 + 0.1 / 7])
+        np.testing.assert_allclose(lines["window"].get_ydata(), [0.9, 0.91, 0.92])  # its budget 0
+        np.testing.assert_allclose(lines_by_label(excess)["quest"].get_ydata(), [0.1 / 7] * 3)
+        assert [t.get_text() for t in absolute.get_xticklabels()] == ["0-1k", "1k-4k", "4k-8k"]
+    with pytest.raises(ValueError, match=r"budget 5 is not among .*\[2, 6\]"):
+        viz.plot_lm_positions(rows, 5)
+
+
+def test_plot_lm_retrieval_exact_and_loss_by_distance():
+    rows = lm_figure_result()["retrieval"]
+    fig = viz.plot_lm_retrieval(rows, 2)
+    exact, loss = fig.axes
+    lines = lines_by_label(exact)
+    assert list(lines["centroid"].get_xdata()) == [1024, 2048, 8064]
+    np.testing.assert_allclose(lines["centroid"].get_ydata(), [0.2] * 3)
+    np.testing.assert_allclose(lines["SDPA (dense causal)"].get_ydata(), [1.0] * 3)
+    np.testing.assert_allclose(lines_by_label(loss)["topology_causal"].get_ydata(), [0.8] * 3)
+    fig.canvas.draw()
+    assert [t.get_text() for t in exact.get_xticklabels()] == ["1k", "2k", "8064"]
+    assert exact.get_xscale() == "log" and "2 probes" in exact.get_ylabel()
+
+
+def test_plot_lm_recall_mean_over_heads_per_layer():
+    pytest.importorskip("pandas")
+    from topo_attn.bench.results import lm_quality_tables
+
+    result = lm_figure_result(layers=3)
+    for given in (result["recall"], lm_quality_tables(result)["recall"]):
+        ax = viz.plot_lm_recall(given, 6).axes[0]
+        lines = lines_by_label(ax)
+        assert set(lines) == {"window", "centroid", "quest", "topology_causal"}  # no sdpa, dense in recall rows
+        assert list(lines["quest"].get_xdata()) == [0, 1, 2]
+        np.testing.assert_allclose(lines["quest"].get_ydata(), [0.8, 0.79, 0.78])
+        np.testing.assert_allclose(lines["window"].get_ydata(), [0.5, 0.49, 0.48])
+
+
+def test_plot_lm_speed_bars_with_ratio_to_sdpa_and_failures():
+    ax = viz.plot_lm_speed(lm_figure_result()["speed"], title="t").axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["sdpa", "topo_attn dense", "topo_attn centroid",
+                                                           "flex_attention"]
+    widths = [bar.get_width() for bar in ax.containers[0]]
+    assert widths == [40.0, 50.0, 20.0, 0.0]
+    texts = [t.get_text() for t in ax.texts]
+    assert any("20.0 ms, 0.50x SDPA, visits 30%" in t for t in texts) and any("failed" in t for t in texts)
+    assert ax.get_title() == "kit LM S8k b64"
+
+
+def test_plot_lm_training_steps_and_validation():
+    log = [{"event": "corpus"}] + [{"event": "step", "step": s, "bits_per_byte": 8.0 / (1 + s)} for s in range(5)] + [
+        {"event": "validation", "step": s, "bits_per_byte": {"all": 1.0 / s, "0-1k": 1.2 / s}} for s in (2, 4)]
+    ax = viz.plot_lm_training(log).axes[0]
+    lines = lines_by_label(ax)
+    assert list(lines["training batches"].get_xdata()) == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(lines["validation, all positions"].get_ydata(), [0.5, 0.25])
+    assert "validation, positions 0-1k" in lines and ax.get_yscale() == "log"
+    with pytest.raises(ValueError, match="no 'step' or 'validation'"):
+        viz.plot_lm_training([{"event": "corpus"}])
+
+
+# the loader of the study's results file (topo_attn.bench.results)
+def test_load_lm_quality_and_its_tables(tmp_path):
+    import json
+
+    from topo_attn.bench import results as bench_results
+
+    result = lm_figure_result()
+    path = tmp_path / "lm_quality.json"
+    path.write_text(json.dumps(result))
+    loaded = bench_results.load_lm_quality(path)
+    assert loaded == json.loads(path.read_text())
+    described = bench_results.describe_lm_quality(loaded)
+    assert "NVIDIA Test GPU" in described and "commit abc1234" in described and "block_size 64" in described
+    tables = bench_results.lm_quality_tables(loaded)
+    assert set(tables) == {"perplexity", "retrieval", "recall", "speed"}
+    perplexity = tables["perplexity"]
+    assert list(perplexity.columns[:7]) == ["attention", "budget", "visited_fraction", "bpb_all", "bpb_0-1k",
+                                            "bpb_1k-4k", "bpb_4k-8k"]
+    assert str(perplexity["budget"].dtype) == "Int64" and perplexity["budget"].isna().sum() == 2  # sdpa, dense
+    assert tables["recall"]["recall_mean"].iloc[0] == pytest.approx(0.5)
+    assert "speed" not in bench_results.lm_quality_tables(lm_figure_result(speed=False))
+    # the other loaders leave the file alone: no kernel rows, not among the "other results"
+    (tmp_path / "salience_cpu.json").write_text(json.dumps({"command": "x", "speedup": 2.0}))
+    assert bench_results.load_kernel_benchmarks(tmp_path) == []
+    assert list(bench_results.other_results_table(tmp_path).columns) == ["salience_cpu.json"]
+    assert bench_results.load_suite("lm", tmp_path) == []
+
+
+def test_load_lm_quality_names_what_is_wrong(tmp_path):
+    import json
+
+    from topo_attn.bench import results as bench_results
+
+    with pytest.raises(FileNotFoundError, match="no language-model results at .*missing.json"):
+        bench_results.load_lm_quality(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match=str(bench_results.ROOT / "data" / "nothing.json")):
+        bench_results.load_lm_quality("data/nothing.json")  # relative: from the repository's root
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"suite": "pr", "rows": []}))
+    with pytest.raises(ValueError, match="suite 'lm'"):
+        bench_results.load_lm_quality(bad)
+    bad.write_text(json.dumps({k: v for k, v in lm_figure_result().items() if k != "retrieval"}))
+    with pytest.raises(ValueError, match=r"lacks \['retrieval'\]"):
+        bench_results.load_lm_quality(bad)
+    bad.write_text(json.dumps({**lm_figure_result(), "recall": {}}))
+    with pytest.raises(ValueError, match="must be lists"):
+        bench_results.load_lm_quality(bad)
+
+
+def test_the_stand_in_speed_rows_have_run_model_cases_fields():
+    """The speed rows of the stand-in carry what topo_attn.bench.model.run_model_case writes (its row dict and
+    the ratios), so the speed figure is tested on the real shape."""
+    import ast
+    import inspect
+
+    from lm_standin import SPEED_FIELDS
+
+    from topo_attn.bench import model
+
+    tree = ast.parse(inspect.getsource(model.run_model_case))
+    written = [kw.arg for node in ast.walk(tree)
+               if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict" for kw in node.keywords]
+    assert set(written) | {"vs_sdpa", "vs_flex"} == set(SPEED_FIELDS)
+    assert all(set(row) == set(SPEED_FIELDS) for row in lm_figure_result()["speed"])

@@ -4,7 +4,9 @@ A kernel result is a JSON file whose top level has ``suite``, ``gpu``, ``torch``
 ``rows``: a list of dicts with at least ``case``, ``seq_len``, ``{ours,sdpa,flex}_ms``, ``limit_ms`` and
 ``{ours,sdpa,flex}_tflops``. They are written by the benchmark runner, ``python -m topo_attn.bench``, on a
 GPU. JSON files without ``rows`` (such as the CPU salience benchmark, ``salience_cpu.json``) are other
-results, read separately.
+results, read separately; the language-model study's file (suite ``lm``, ``python -m topo_attn.lm evaluate``,
+with sections ``perplexity``, ``retrieval``, ``recall`` and ``speed`` instead of ``rows``) is read by
+:func:`load_lm_quality` and :func:`lm_quality_tables`.
 
 Every result file also says which code produced it (:data:`COMMIT_KEYS`): ``commit``, the short hash of the
 repository's commit (``None`` when it is not known), ``dirty``, whether ``topo_attn/`` had uncommitted changes
@@ -38,6 +40,10 @@ ROW_KEYS = ("case", "seq_len", "ours_ms", "sdpa_ms", "flex_ms", "limit_ms", "our
             "flex_tflops")
 TABLE_EXTRAS = ("scheduled_blocks", "causal_blocks", "visited_fraction", "build_ms", "max_abs_error")
 KERNEL_SUITES = ("pr", "llm")  # suites whose rows time one attention kernel against SDPA and FlexAttention
+LM_SUITE = "lm"
+"""The language-model study's suite (``python -m topo_attn.lm evaluate``): no ``rows``, sections of its own."""
+LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
+LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
 
 
 @dataclass(frozen=True)
@@ -216,8 +222,10 @@ def other_results_table(results_dir: str | Path | None = None):
     import pandas as pd
 
     columns = {p.name: {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
-               for p, data in _json_files(results_dir) if isinstance(data, dict) and "rows" not in data}
+               for p, data in _json_files(results_dir)
+               if isinstance(data, dict) and "rows" not in data and data.get("suite") != LM_SUITE}
     return pd.DataFrame(columns)
+
 
 
 def run_small_benchmark(args: Sequence[str], run: bool = True,
@@ -240,3 +248,79 @@ def run_small_benchmark(args: Sequence[str], run: bool = True,
     measured = _kernel_benchmark(out, json.loads(out.read_text()))
     return (f"Ran `python {' '.join(command[1:])}` on {torch.cuda.get_device_name()}.",
             [] if measured is None else [measured])
+
+
+# ------------------------------------------------------------------------------------ the language-model study
+def load_lm_quality(path: str | Path) -> dict:
+    """The language-model study's results (``python -m topo_attn.lm evaluate --out path``) as the parsed JSON;
+    a relative ``path`` is taken from the repository's root (:data:`ROOT`), so
+    ``"data/benchmarks/lm_quality_h200.json"`` works from any folder.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm``, lacks one of :data:`LM_KEYS`, has a section that is not a
+            list, or has :data:`COMMIT_KEYS` of the wrong type.
+    """
+    path = Path(path)
+    path = path if path.is_absolute() else ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no language-model results at {path} (written on a GPU by `python -m topo_attn.lm "
+                                f"evaluate --out {path.name}`)")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("suite") != LM_SUITE:
+        suite = data.get("suite") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: expected the language-model study's results (suite {LM_SUITE!r}), got {suite!r}")
+    missing = [k for k in LM_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{path}: lacks {missing}; expected top-level keys {list(LM_KEYS)}")
+    wrong = [k for k in LM_SECTIONS if k in data and not isinstance(data[k], list)]
+    if wrong:
+        raise ValueError(f"{path}: {wrong} must be lists of rows")
+    _check_commit(path, data)
+    return data
+
+
+def describe_lm_quality(result: Mapping) -> str:
+    """One Markdown line: the model, the GPU, the versions, the settings, the command and the commit."""
+    dense = result.get("dense_layers") or []
+    settings = ", ".join(f"{k} {result[k]}" for k in ("documents", "length", "block_size", "sinks", "window",
+                                                       "dtype") if k in result)
+    return (f"model `{result['model']}` on **{result['gpu']}**, torch {result['torch']}, triton {result['triton']}"
+            f"{', ' + result['date'] if result.get('date') else ''}: {settings}"
+            f"{', dense layers ' + str(list(dense)) if dense else ''}; `{result['command']}`; {commit_text(result)}")
+
+
+def lm_quality_tables(result: Mapping) -> dict:
+    """The sections of a :func:`load_lm_quality` result as pandas DataFrames, keyed by section name (``speed``
+    and ``recall`` only when present); budgets as nullable integers (``<NA>`` for ``sdpa`` and ``dense``).
+
+    - ``perplexity``: ``attention``, ``budget``, ``visited_fraction``, one ``bpb_<bucket>`` column per entry of
+      ``bits_per_byte`` (``bpb_all``, ``bpb_0-1k``, ...), ``documents``, ``seconds``;
+    - ``retrieval``: as written (``distance``, ``exact``, ``probes``, ``loss``, ...);
+    - ``recall``: ``attention``, ``budget``, ``layer``, ``visited_fraction``, ``recall_mean`` and ``recall_min``
+      over the query heads, and ``recall`` (the list per head);
+    - ``speed``: as written (:func:`topo_attn.bench.model.run_model_case`'s rows).
+    """
+    import pandas as pd
+
+    def frame(rows: list[dict]):
+        table = pd.DataFrame(rows)
+        if "budget" in table:
+            table["budget"] = table["budget"].astype("Int64")
+        return table
+
+    perplexity = [{k: v for k, v in r.items() if k != "bits_per_byte"}
+                  | {f"bpb_{b}": v for b, v in r["bits_per_byte"].items()} for r in result["perplexity"]]
+    first = ["attention", "budget", "visited_fraction"]
+    tables = {"perplexity": frame(perplexity), "retrieval": frame(list(result["retrieval"]))}
+    bits = [c for c in tables["perplexity"] if c.startswith("bpb_")]
+    tables["perplexity"] = tables["perplexity"][first + bits + [c for c in tables["perplexity"]
+                                                                if c not in first + bits]]
+    if result.get("recall"):
+        tables["recall"] = frame([{k: v for k, v in r.items() if k != "recall"}
+                                  | {"recall_mean": sum(r["recall"]) / len(r["recall"]),
+                                     "recall_min": min(r["recall"]), "recall": list(r["recall"])}
+                                  for r in result["recall"]])
+    if result.get("speed"):
+        tables["speed"] = pd.DataFrame(result["speed"])
+    return tables

@@ -79,8 +79,8 @@ def find_sources(roots: list[tuple[str, Path]] | None = None, max_bytes: int = M
     files: dict[str, SourceFile] = {}
     for kind, root in roots:
         for path in sorted(root.rglob("*.py")):
-            if any(parent in inner and parent != root for parent in path.parents):
-                continue  # under another root (site-packages inside the stdlib tree): counted there
+            if any(parent in inner and root in parent.parents for parent in path.parents):
+                continue  # under a root nested in this one (site-packages inside the stdlib tree): counted there
             if not path.is_file():
                 continue
             data = path.read_bytes()

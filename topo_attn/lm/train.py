@@ -218,7 +218,9 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         entry = retrieval.setdefault(row["distance"], dict(exact=0, probes=0, loss=0.0))
         entry["exact"] += row["exact"]
         entry["probes"] += 1
-        entry["loss"] += row["loss"] / 8
+        entry["loss"] += row["loss"]
+    for entry in retrieval.values():
+        entry["loss"] /= entry["probes"]
     summary = dict(event="final", steps=step + 1, bytes=seen, seconds=time.perf_counter() - started,
                    bits_per_byte=final, passkey={str(k): v for k, v in retrieval.items()})
     _log(log_path, summary)

@@ -328,8 +328,9 @@ def plot_benchmark(rows: Sequence[Mapping] | object, title: str | None = None) -
 # ------------------------------------------------------------------------------------------ selection quality
 SELECTOR_STYLES = {"window": ("#7f7f7f", "x", ":"), "random": ("#bcbd22", "v", ":"),
                    "topology_22": ("#8c564b", "D", "--"), "topology": ("#009e73", "o", "--"),
-                   "centroid": ("#0072b2", "s", "-"), "cluster": ("#cc79a7", "^", "-"),
-                   "cluster_centroid": ("#d55e00", "P", "-"), "oracle": ("#000000", "*", "-")}
+                   "centroid": ("#0072b2", "s", "-"), "quest": ("#e69f00", "h", "-"),
+                   "cluster": ("#cc79a7", "^", "-"), "cluster_centroid": ("#d55e00", "P", "-"),
+                   "oracle": ("#000000", "*", "-")}
 METRIC_LABELS = {"recall": "attention-mass recall (higher is better)", "rel_l2": "relative L2 error of the output",
                  "cos_err": "1 - cosine of the output", "lse_err": "log-sum-exp error (nats)"}
 

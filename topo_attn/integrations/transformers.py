@@ -158,7 +158,8 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
         name: the ``attn_implementation`` name; not empty, not ``"eager"``, and containing none of
             :data:`RESERVED_PARTS`.
         options: extra keyword options of the selector (``seed`` for ``random``, ``clusters`` for the
-            cluster selectors, ``chunk`` for ``oracle``); the oracle's ``scale`` is the model's.
+            cluster selectors, ``chunk`` for ``oracle``, ``strict`` for a selection without look-ahead, see
+            :func:`topo_attn.selection.select`); the oracle's ``scale`` is the model's.
 
     Registering a name again replaces its settings (models already using the name follow them from their
     next forward) and clears its statistics and its dense-decode warning flag.

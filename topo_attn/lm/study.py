@@ -5,6 +5,10 @@ For a model folder (default ``data/lm``, the kit's model) and its held-out docum
 ``documents`` array ``uint8 [N, L]``; the model's tokens are bytes), with the kit's transformers backend
 (:mod:`topo_attn.integrations.transformers`, every layer sparse unless ``--dense-layers``):
 
+With ``--strict`` each query block takes the blocks the query block before it scored
+(``topo_attn.selection.select(strict=True)``), so no position's attention depends on a later byte: the
+perplexity of a row-pooled choice otherwise includes a small look-ahead inside each query block.
+
 - **perplexity**: bits per byte, overall and by position bucket, for ``sdpa``, the kit's ``dense`` and every
   selector of :data:`SELECTORS` at every budget, with the visited fraction of the causal blocks achieved;
 - **retrieval**: the passkey probe (:mod:`.probe`) at distances from 1k to the context: exact-match rate and
@@ -81,8 +85,10 @@ def _use(model, attention: str, budget: int | None, args) -> str | None:
     if attention == "sdpa":
         model.set_attn_implementation("sdpa")
         return None
+    strict = args.strict and attention not in ("dense", "topology_22")
     name = tat.register(selector=attention, block_size=args.block_size, sinks=args.sinks, window=args.window,
-                        budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND)
+                        budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND,
+                        options={"strict": True} if strict else None)
     model.set_attn_implementation(name)
     return name
 
@@ -157,6 +163,8 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool = True) -> list[dic
         reference = full_attention(q, k, v, args.block_size)
         for attention, budget in configurations(args.budgets, tuple(args.selectors))[2:]:
             options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
+            if args.strict and attention != "topology_22":
+                options["strict"] = True
             schedule = select(attention, q, k, args.block_size, args.sinks, args.window, budget, **options)
             quality = schedule_quality(q, k, v, schedule, reference=reference)
             counts = schedule.counts()
@@ -193,6 +201,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sinks", type=int, default=1)
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--dense-layers", type=int, nargs="*", default=[])
+    parser.add_argument("--strict", action="store_true",
+                        help="selection without look-ahead: each query block takes the blocks the query block "
+                             "before it scored (topo_attn.selection.select(strict=True); not topology_22)")
     parser.add_argument("--batch", type=int, default=4, help="documents per forward")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -217,7 +228,8 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
         " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
         **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
-        window=args.window, dense_layers=list(args.dense_layers), dtype=str(dtype).removeprefix("torch."),
+        window=args.window, strict=args.strict, dense_layers=list(args.dense_layers),
+        dtype=str(dtype).removeprefix("torch."),
         causal_blocks_per_lane=num_blocks(args.length, args.block_size) * (num_blocks(args.length, args.block_size)
                                                                             + 1) // 2,
         perplexity=perplexity, retrieval=retrieval)

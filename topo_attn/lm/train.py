@@ -127,8 +127,9 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
           device: str = "cuda", roots=None, progress: bool = True, max_shard_size: str = "100MB") -> dict:
     """Train a model and write the checkpoint, log, corpus manifest and evaluation set into ``out_dir``
     (created; files of an earlier run there are replaced; the weights in files of at most ``max_shard_size``,
-    one file for the default model). ``roots``: the corpus roots (:func:`.corpus.find_sources`). Returns the final evaluation: validation bits per
-    byte (overall and by position bucket) and the passkey probe under dense attention.
+    one file for the default model). ``roots``: the corpus roots (:func:`.corpus.find_sources`). Returns the
+    final evaluation: validation bits per byte (overall and by position bucket) and the passkey probe under
+    dense attention.
 
     Raises:
         ValueError: a setting out of range, or a corpus too small for one window.

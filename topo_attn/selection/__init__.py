@@ -10,11 +10,12 @@ from .data import REAL_QKV, load_real_qkv, synthetic_qkv
 from .metrics import (DEFAULT_CHUNK, QualityMetrics, Reference, block_attention_mass, full_attention,
                       schedule_quality)
 from .selectors import (DESCRIPTIONS, QUERY_AWARE, SELECTORS, TOPOLOGY_AWARE, candidate_counts, centroid_scores,
-                        cluster_centroid_scores, cluster_scores, mst_clusters, oracle_scores, quest_scores,
-                        random_scores, schedule_from_scores, select, topology_scores, window_scores)
+                        cluster_centroid_scores, cluster_scores, mst_clusters, oracle_scores, previous_row_scores,
+                        quest_scores, random_scores, schedule_from_scores, select, topology_scores, window_scores)
 
 __all__ = ["DEFAULT_CHUNK", "DESCRIPTIONS", "QUERY_AWARE", "REAL_QKV", "SELECTORS", "TOPOLOGY_AWARE",
            "QualityMetrics", "Reference", "block_attention_mass", "candidate_counts", "centroid_scores",
            "cluster_centroid_scores", "cluster_scores", "compare_selectors", "full_attention", "load_real_qkv",
-           "mst_clusters", "oracle_scores", "quest_scores", "random_scores", "schedule_from_scores",
+           "mst_clusters", "oracle_scores", "previous_row_scores", "quest_scores",
+           "random_scores", "schedule_from_scores",
            "schedule_quality", "select", "synthetic_qkv", "topology_scores", "verdict", "window_scores"]

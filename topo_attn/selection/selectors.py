@@ -277,8 +277,18 @@ QUERY_AWARE = ("centroid", "quest", "cluster", "cluster_centroid", "oracle")
 """The selectors that read the queries."""
 
 
+def previous_row_scores(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` (``[..., n, n]``) with each row ``qb >= 1`` replaced by row ``qb - 1`` (row 0 kept: it has
+    no block to add). A row's choice then depends only on the queries of the query block before it, and, with
+    a window of at least one block, only on key blocks that end before it: no query's schedule depends on a
+    later token (see ``strict`` in :func:`select`)."""
+    out = scores.clone()
+    out[..., 1:, :] = scores[..., :-1, :]
+    return out
+
+
 def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: int = 1, window: int = 1,
-           budget: int = 4, **options) -> BlockSchedule:
+           budget: int = 4, strict: bool = False, **options) -> BlockSchedule:
     """The schedule of selector ``name`` (see :data:`SELECTORS` and the module docstring).
 
     Arguments:
@@ -288,6 +298,14 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
         block_size: tokens per block, ``>= 1``.
         sinks, window, budget: ints ``>= 0`` (``budget`` is ignored by ``"window"``; it is #22's ``topk`` for
             ``"topology_22"``).
+        strict: choose each query block's extra blocks from the scores of the query block before it
+            (:func:`previous_row_scores`; with ``window >= 1`` those are key blocks wholly before the row).
+            Row-pooled scores (the mean query of a block, the oracle's block mass, Quest's bound over the
+            block's queries) otherwise let the queries after position ``t`` in its block decide which blocks
+            position ``t`` sees: harmless for a prompt known in full, a look-ahead when the model is scored on
+            predicting those tokens (perplexity). The key-side statistics of ``topology``, ``cluster`` and
+            ``cluster_centroid`` (a spanning tree over all key blocks) still span later blocks. Not for
+            ``"topology_22"`` (no row scores).
         options: ``seed`` (random), ``clusters`` (cluster selectors), ``scale`` and ``chunk`` (oracle).
 
     Returns:
@@ -295,7 +313,8 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
         otherwise.
 
     Raises:
-        ValueError: an unknown selector name, or a negative size or bad shapes.
+        ValueError: an unknown selector name, or a negative size or bad shapes, or ``strict`` with
+            ``"topology_22"``.
         TypeError: a non-int size, or bad dtypes.
     """
     if name not in SELECTORS:
@@ -303,11 +322,17 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
     check_qkv(q, k, k)
     block_size = check_int("block_size", block_size, 1)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
+    if not isinstance(strict, bool):
+        raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
     seq = q.shape[-2]
+    if strict and name == "topology_22":
+        raise ValueError("strict selection needs row scores; selector 'topology_22' has none")
     if name == "topology_22":
         q4, k4 = _lanes(q, k)
         return topology_schedule(k if q.ndim == 2 else k4, block_size, window, sinks, budget)
     if name == "window":
         budget = 0
     scores = SELECTORS[name](q, k, block_size, **options)
+    if strict:
+        scores = previous_row_scores(scores)
     return schedule_from_scores(scores, block_size, seq, sinks, window, budget)

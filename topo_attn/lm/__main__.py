@@ -1,5 +1,5 @@
-"""``python -m topo_attn.lm train|evaluate``: train the kit's byte-level language model, or evaluate a causal LM
-with every selector (see :mod:`topo_attn.lm`)."""
+"""``python -m topo_attn.lm train|evaluate|research``: train the kit's byte-level language model, evaluate a
+causal LM with every selector, or try the topology-aware research selectors (see :mod:`topo_attn.lm`)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,16 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("evaluate", add_help=False,
                         help="perplexity, retrieval, recall and speed for every selector (its own --help)")
+    commands.add_parser("research", add_help=False,
+                        help="recall of the topology-aware research selectors against the baselines (its own --help)")
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["evaluate"]:
         from .study import main as evaluate_main
         return evaluate_main(argv[1:])
+    if argv[:1] == ["research"]:
+        from .research import main as research_main
+        return research_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "train":
         from .train import train as run_train

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     train = commands.add_parser("train", help="train the byte-level model (a GPU; dense attention)")
     train.add_argument("--out", required=True, help="output folder (checkpoint, log, manifest, evaluation set)")
     for field in dataclasses.fields(TrainSettings):
-        kind = float if field.name == "max_minutes" else type(field.default)
+        kind = {"max_minutes": float, "stop_after": int}.get(field.name, type(field.default))
         train.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default)
     for field in dataclasses.fields(ModelShape):
         train.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from .train import train as run_train
 
-        settings = TrainSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)})
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings)}
+        values["stop_after"] = values["stop_after"] or None  # --stop-after 0: run every step
+        settings = TrainSettings(**values)
         shape = ModelShape(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ModelShape)})
         summary = run_train(args.out, settings, shape, device=args.device, max_shard_size=args.max_shard_size)
         print(json.dumps(summary, indent=1))

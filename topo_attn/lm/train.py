@@ -115,7 +115,13 @@ def probe_set(eval_docs: np.ndarray, distances: list[int], per_distance: int, se
 
 
 def probe_distances(context: int) -> list[int]:
-    """1k, 2k, 4k, ... up to ``context``, and the longest that fits (``context - 128``)."""
+    """1k, 2k, 4k, ... up to ``context``, and the longest that fits (``context - 128``).
+
+    Raises:
+        ValueError: ``context`` is 128 or less (no probe fits).
+    """
+    if check_int("context", context, 1) <= 128:
+        raise ValueError(f"context must be > 128 bytes for a passkey probe, got {context}")
     out, d = [], 1024
     while d < context - 128:
         out.append(d)
@@ -144,6 +150,7 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
 
     for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
         check_int(name, getattr(settings, name), 1)
+    probe_distances(settings.context)  # raises for a context too short for the passkey probe
     if settings.stop_after is not None:
         check_int("stop_after", settings.stop_after, 1)
     out = Path(out_dir)
@@ -157,6 +164,9 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         json.dump(manifest(train_files, validation_files), f, indent=1)
     stream = pack(train_files, seed=settings.seed)
     held_out = pack(validation_files)
+    if len(held_out) < settings.context:
+        raise ValueError(f"the validation files hold {len(held_out)} bytes, fewer than one evaluation document of "
+                         f"context={settings.context} bytes; use a larger corpus or a shorter context")
     eval_docs = documents(held_out, settings.context, min(settings.eval_documents, len(held_out) // settings.context))
     np.savez_compressed(out / "eval_set.npz", documents=eval_docs)
     _log(log_path, dict(event="corpus", train_files=len(train_files), train_bytes=int(len(stream)),

@@ -1,0 +1,183 @@
+"""``python -m topo_attn.lm evaluate`` (topo_attn.lm.study) end to end on a tiny random Llama saved to disk, the
+Triton kernels in the interpreter on the CPU: the JSON's perplexity, retrieval and recall rows for sdpa, the
+kit's dense backend and three selectors, the summary table, and the configuration list."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from topo_attn.lm import study
+from topo_attn.lm.evaluate import bits_per_byte, passkey_scores, token_losses
+from topo_attn.lm.train import probe_set
+
+transformers = pytest.importorskip("transformers", minversion="5")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+LENGTH, BLOCK, BUDGET = 256, 32, 1  # 8 blocks of 32: 36 causal block pairs per lane, one probe distance (128)
+HEADS = 4
+SELECTORS = ("window", "centroid", "quest")
+CONFIGS = [("sdpa", None), ("dense", None), ("window", 0), ("centroid", BUDGET), ("quest", BUDGET)]
+
+
+def visited_fraction(blocks: int, per_row: int) -> float:
+    """Scheduled / causal block pairs when row ``r`` visits ``min(r + 1, per_row)`` blocks."""
+    return sum(min(r + 1, per_row) for r in range(blocks)) / (blocks * (blocks + 1) // 2)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One evaluation: the model folder, the documents, ``main``'s printed output and the JSON it wrote."""
+    root = tmp_path_factory.mktemp("study")
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=HEADS, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         initializer_range=0.1, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(root / "model")
+    rng = np.random.default_rng(0)
+    documents = rng.integers(32, 127, (2, LENGTH)).astype(np.uint8)  # printable bytes
+    np.savez_compressed(root / "docs.npz", documents=documents)
+    out = root / "result.json"
+    argv = ["--model", str(root / "model"), "--eval-set", str(root / "docs.npz"), "--length", str(LENGTH),
+            "--block-size", str(BLOCK), "--budgets", str(BUDGET), "--probes", "1", "--documents", "2", "--batch", "2",
+            "--selectors", *SELECTORS, "--out", str(out), "--no-progress", "--device", "cpu"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert study.main(argv) == 0
+    assert out.is_file()
+    return dict(root=root, documents=documents, printed=printed.getvalue(), result=json.loads(out.read_text()))
+
+
+@pytest.fixture(scope="module")
+def saved_model(run):
+    return LlamaForCausalLM.from_pretrained(run["root"] / "model", attn_implementation="sdpa").eval()
+
+
+def rows_by_config(rows: list[dict]) -> dict:
+    return {(r["attention"], r["budget"]): r for r in rows}
+
+
+def test_result_header(run):
+    result = run["result"]
+    assert result["suite"] == "lm" and result["gpu"] == "cpu" and result["dtype"] == "float32"
+    assert result["documents"] == 2 and result["length"] == LENGTH and result["block_size"] == BLOCK
+    assert result["sinks"] == 1 and result["window"] == 1 and result["dense_layers"] == []
+    assert result["causal_blocks_per_lane"] == 36
+    assert result["command"].startswith("python -m topo_attn.lm evaluate --model ")
+    assert "commit" in result and result["seconds"] > 0
+    assert "speed" not in result  # the CPU: no speed rows
+
+
+def test_sdpa_rows_equal_the_scores_of_the_saved_model(run, saved_model):
+    """The sdpa rows hold what evaluate's functions give for the whole evaluation set and the seeded probes."""
+    ids = torch.from_numpy(run["documents"].astype(np.int64))
+    want = bits_per_byte(token_losses(saved_model, ids))
+    got = rows_by_config(run["result"]["perplexity"])[("sdpa", None)]["bits_per_byte"]
+    assert set(got) == set(want) and all(got[k] == pytest.approx(want[k], rel=1e-6) for k in want)
+    (probe,) = probe_set(run["documents"], [LENGTH - 128], 1, seed=1)  # --seed's default
+    (score,) = passkey_scores(saved_model, [probe])
+    sdpa = rows_by_config(run["result"]["retrieval"])[("sdpa", None)]
+    assert sdpa["loss"] == pytest.approx(score["loss"], rel=1e-6) and sdpa["exact"] == float(score["exact"])
+
+
+def test_perplexity_rows(run):
+    rows = run["result"]["perplexity"]
+    assert [(r["attention"], r["budget"]) for r in rows] == CONFIGS
+    by = rows_by_config(rows)
+    for r in rows:
+        bits = r["bits_per_byte"]
+        assert set(bits) == {"all", "0-1k"} and r["documents"] == 2  # 255 predicted positions: one bucket
+        assert bits["0-1k"] == bits["all"] and math.isfinite(bits["all"]) and 0 < bits["all"] < 20
+    sdpa, dense = by[("sdpa", None)], by[("dense", None)]
+    assert sdpa["visited_fraction"] == 1.0 and dense["visited_fraction"] == 1.0
+    assert dense["bits_per_byte"]["all"] == pytest.approx(sdpa["bits_per_byte"]["all"], rel=1e-4)
+    # the sparse selectors change the scores: the comparison above would see a sparse schedule
+    assert all(abs(by[c]["bits_per_byte"]["all"] - sdpa["bits_per_byte"]["all"]) > 1e-3 for c in CONFIGS[2:])
+    # sink + window + diagonal (3 blocks per row), plus the budget for centroid and quest: equal budgets visit
+    # equal numbers of blocks
+    window, centroid, quest = by[("window", 0)], by[("centroid", BUDGET)], by[("quest", BUDGET)]
+    assert window["visited_fraction"] == pytest.approx(visited_fraction(LENGTH // BLOCK, 3))
+    assert centroid["visited_fraction"] == quest["visited_fraction"]
+    assert centroid["visited_fraction"] == pytest.approx(visited_fraction(LENGTH // BLOCK, 3 + BUDGET))
+    assert window["visited_fraction"] < centroid["visited_fraction"] < 1.0
+
+
+def test_retrieval_rows(run):
+    rows = run["result"]["retrieval"]
+    assert [(r["attention"], r["budget"]) for r in rows] == CONFIGS  # one distance
+    perplexity = rows_by_config(run["result"]["perplexity"])
+    for r in rows:
+        assert r["distance"] == LENGTH - 128 and r["probes"] == 1
+        assert 0.0 <= r["exact"] <= 1.0 and math.isfinite(r["loss"]) and r["loss"] > 0
+        assert r["visited_fraction"] == perplexity[(r["attention"], r["budget"])]["visited_fraction"]
+    by = rows_by_config(rows)
+    assert by[("dense", None)]["loss"] == pytest.approx(by[("sdpa", None)]["loss"], rel=1e-4)
+    assert by[("dense", None)]["exact"] == by[("sdpa", None)]["exact"]
+
+
+def test_recall_rows(run):
+    rows = run["result"]["recall"]
+    assert sorted((r["layer"], r["attention"], r["budget"]) for r in rows) == sorted(
+        (layer, a, b) for layer in (0, 1) for a, b in CONFIGS[2:])
+    perplexity = rows_by_config(run["result"]["perplexity"])
+    for r in rows:
+        assert len(r["recall"]) == HEADS and all(0.0 <= x <= 1.0 for x in r["recall"])
+        # the schedules of the recall rows are the model's: the same share of blocks
+        assert r["visited_fraction"] == pytest.approx(perplexity[(r["attention"], r["budget"])]["visited_fraction"])
+    recall = {(r["layer"], r["attention"]): r["recall"] for r in rows}
+    for layer in (0, 1):
+        # centroid and quest visit the window's blocks and more: at least its attention mass, head by head
+        for selector in ("centroid", "quest"):
+            assert all(s >= w - 1e-9 for s, w in zip(recall[(layer, selector)], recall[(layer, "window")]))
+        assert max(recall[(layer, "window")]) < 1.0
+
+
+def test_summary_table(run):
+    result = run["result"]
+    table = study.summary_table(result)
+    lines = table.splitlines()
+    assert lines[0] == "| attention | budget | visited | bits/byte | 0-1k | passkey @128 |"
+    assert lines[1] == "|" + " --- |" * 6
+    assert len(lines) == 2 + len(CONFIGS)
+    for line, row in zip(lines[2:], result["perplexity"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == row["attention"] and cells[1] == ("" if row["budget"] is None else str(row["budget"]))
+        assert cells[2] == f"{row['visited_fraction']:.1%}" and cells[3] == f"{row['bits_per_byte']['all']:.3f}"
+    assert table in run["printed"]  # main prints it
+
+
+def test_configurations():
+    assert study.configurations([1, 2], ("window", "centroid")) == [
+        ("sdpa", None), ("dense", None), ("window", 0), ("centroid", 1), ("centroid", 2)]
+    # in the order of SELECTORS, whatever the order asked; no window unless asked
+    assert study.configurations([3], ("quest", "centroid")) == [
+        ("sdpa", None), ("dense", None), ("centroid", 3), ("quest", 3)]
+    everything = study.configurations([2, 6])
+    assert len(everything) == 3 + 2 * (len(study.SELECTORS) - 1)
+    with pytest.raises(ValueError, match="bogus"):
+        study.configurations([1], ("centroid", "bogus"))
+    with pytest.raises(ValueError, match="dense"):
+        study.configurations([1], ("dense",))  # not a selector of the list
+
+
+def test_load_documents(tmp_path):
+    docs = np.arange(3 * 40, dtype=np.uint8).reshape(3, 40)
+    np.savez_compressed(tmp_path / "d.npz", documents=docs)
+    assert np.array_equal(study.load_documents(tmp_path / "d.npz"), docs)
+    assert np.array_equal(study.load_documents(tmp_path / "d.npz", 2, 16), docs[:2, :16])
+    with pytest.raises(ValueError, match="at least \\[4, 40\\]"):
+        study.load_documents(tmp_path / "d.npz", 4)
+    with pytest.raises(ValueError, match="at least \\[3, 41\\]"):
+        study.load_documents(tmp_path / "d.npz", length=41)
+
+
+def test_main_rejects_an_unknown_selector(capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--selectors", "bogus", "--device", "cpu"])
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err

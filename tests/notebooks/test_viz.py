@@ -416,6 +416,30 @@ def test_load_lm_quality_names_what_is_wrong(tmp_path):
         bench_results.load_lm_quality(bad)
 
 
+def test_load_lm_research_and_its_table(tmp_path):
+    import json
+
+    from topo_attn.bench import results as bench_results
+
+    rows = [dict(selector=s, budget=b, recall=0.5 + 0.1 * i + 0.01 * b, late_recall=0.4 + 0.1 * i + 0.01 * b,
+                 blocks_per_row=3.0 + b) for i, s in enumerate(("random", "centroid", "quest_mst")) for b in (2, 6)]
+    result = dict(suite="lm_research", gpu="NVIDIA Test GPU", torch="2", triton="3", command="x", rows=rows,
+                  commit="abc1234", dirty=False, commit_source="test")
+    path = tmp_path / "lm_research.json"
+    path.write_text(json.dumps(result))
+    loaded = bench_results.load_lm_research(path)
+    table = bench_results.lm_research_table(loaded)
+    assert list(table.index) == ["random", "centroid", "quest_mst"] and list(table.columns) == ["budget 2",
+                                                                                                  "budget 6"]
+    assert table.loc["centroid", "budget 6"] == "0.660 / 0.560"
+    assert bench_results.other_results_table(tmp_path).empty  # not among the "other results"
+    path.write_text(json.dumps({**result, "suite": "lm"}))
+    with pytest.raises(ValueError, match="lm_research"):
+        bench_results.load_lm_research(path)
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        bench_results.load_lm_research(tmp_path / "missing.json")
+
+
 def test_the_stand_in_speed_rows_have_run_model_cases_fields():
     """The speed rows of the stand-in carry what topo_attn.bench.model.run_model_case writes (its row dict and
     the ratios), so the speed figure is tested on the real shape."""

@@ -42,6 +42,8 @@ TABLE_EXTRAS = ("scheduled_blocks", "causal_blocks", "visited_fraction", "build_
 KERNEL_SUITES = ("pr", "llm")  # suites whose rows time one attention kernel against SDPA and FlexAttention
 LM_SUITE = "lm"
 """The language-model study's suite (``python -m topo_attn.lm evaluate``): no ``rows``, sections of its own."""
+LM_RESEARCH_SUITE = "lm_research"
+"""The research step's suite (``python -m topo_attn.lm research``): ``rows`` of recall per selector and budget."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
 
@@ -223,7 +225,8 @@ def other_results_table(results_dir: str | Path | None = None):
 
     columns = {p.name: {k: v for k, v in data.items() if not isinstance(v, (list, dict))}
                for p, data in _json_files(results_dir)
-               if isinstance(data, dict) and "rows" not in data and data.get("suite") != LM_SUITE}
+               if isinstance(data, dict) and "rows" not in data and data.get("suite") not in (LM_SUITE,
+                                                                                               LM_RESEARCH_SUITE)}
     return pd.DataFrame(columns)
 
 
@@ -324,3 +327,35 @@ def lm_quality_tables(result: Mapping) -> dict:
     if result.get("speed"):
         tables["speed"] = pd.DataFrame(result["speed"])
     return tables
+
+
+def load_lm_research(path: str | Path) -> dict:
+    """The research step's results (``python -m topo_attn.lm research --out path``) as the parsed JSON; a
+    relative ``path`` is taken from the repository's root.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_research`` or has no list of ``rows``.
+    """
+    path = Path(path)
+    path = path if path.is_absolute() else ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no research results at {path} (written by `python -m topo_attn.lm research "
+                                f"--out {path.name}`)")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("suite") != LM_RESEARCH_SUITE or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected the research step's results (suite {LM_RESEARCH_SUITE!r} with rows)")
+    _check_commit(path, data)
+    return data
+
+
+def lm_research_table(result: Mapping):
+    """A :func:`load_lm_research` result as a pandas DataFrame: one row per selector (in the file's order), one
+    column per budget, each cell ``"all / late"`` mean recall to three decimals."""
+    import pandas as pd
+
+    cells = {(r["selector"], r["budget"]): f"{r['recall']:.3f} / {r['late_recall']:.3f}" for r in result["rows"]}
+    selectors = list(dict.fromkeys(r["selector"] for r in result["rows"]))
+    budgets = sorted({r["budget"] for r in result["rows"]})
+    return pd.DataFrame([[cells.get((s, b), "") for b in budgets] for s in selectors], index=selectors,
+                        columns=[f"budget {b}" for b in budgets])

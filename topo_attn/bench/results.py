@@ -254,6 +254,16 @@ def run_small_benchmark(args: Sequence[str], run: bool = True,
 
 
 # ------------------------------------------------------------------------------------ the language-model study
+def _read_results(path: str | Path, what: str, written: str) -> tuple[Path, object]:
+    """``(path, parsed JSON)`` of a results file, a relative ``path`` taken from :data:`ROOT`; a missing file
+    raises ``FileNotFoundError`` naming it, ``what`` it should hold and how it is ``written``."""
+    path = Path(path)
+    path = path if path.is_absolute() else ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path} (written {written} --out {path.name}`)")
+    return path, json.loads(path.read_text())
+
+
 def load_lm_quality(path: str | Path) -> dict:
     """The language-model study's results (``python -m topo_attn.lm evaluate --out path``) as the parsed JSON;
     a relative ``path`` is taken from the repository's root (:data:`ROOT`), so
@@ -264,12 +274,7 @@ def load_lm_quality(path: str | Path) -> dict:
         ValueError: the file is not of suite ``lm``, lacks one of :data:`LM_KEYS`, has a section that is not a
             list, or has :data:`COMMIT_KEYS` of the wrong type.
     """
-    path = Path(path)
-    path = path if path.is_absolute() else ROOT / path
-    if not path.is_file():
-        raise FileNotFoundError(f"no language-model results at {path} (written on a GPU by `python -m topo_attn.lm "
-                                f"evaluate --out {path.name}`)")
-    data = json.loads(path.read_text())
+    path, data = _read_results(path, "language-model results", "on a GPU by `python -m topo_attn.lm evaluate")
     if not isinstance(data, dict) or data.get("suite") != LM_SUITE:
         suite = data.get("suite") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path}: expected the language-model study's results (suite {LM_SUITE!r}), got {suite!r}")
@@ -337,12 +342,7 @@ def load_lm_research(path: str | Path) -> dict:
         FileNotFoundError: there is no such file (the message names it).
         ValueError: the file is not of suite ``lm_research`` or has no list of ``rows``.
     """
-    path = Path(path)
-    path = path if path.is_absolute() else ROOT / path
-    if not path.is_file():
-        raise FileNotFoundError(f"no research results at {path} (written by `python -m topo_attn.lm research "
-                                f"--out {path.name}`)")
-    data = json.loads(path.read_text())
+    path, data = _read_results(path, "research results", "by `python -m topo_attn.lm research")
     if not isinstance(data, dict) or data.get("suite") != LM_RESEARCH_SUITE or not isinstance(data.get("rows"), list):
         raise ValueError(f"{path}: expected the research step's results (suite {LM_RESEARCH_SUITE!r} with rows)")
     _check_commit(path, data)

@@ -54,8 +54,8 @@ from ..attention import scheduled_attention
 from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 
-__all__ = ["SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings", "last_stats", "register",
-           "registered", "schedule_for"]
+__all__ = ["SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings", "check_attention_call",
+           "check_backend_name", "last_stats", "plain_causal_mask", "register", "registered", "schedule_for"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -123,7 +123,10 @@ _DENSE_CACHE_SIZE = 8  # dense schedules kept per backend, by (seq_len, device)
 
 
 # ------------------------------------------------------------------------------------------- registration
-def _check_name(name: object) -> str:
+def check_backend_name(name: object) -> str:
+    """``name`` when it can be an ``attn_implementation`` name (also for other backends, such as
+    :mod:`topo_attn.lm.token_attention`). Raises ``TypeError`` for a non-str and ``ValueError`` for a name that
+    is empty, ``"eager"`` or contains one of :data:`RESERVED_PARTS`."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
     lowered = name.lower()
@@ -178,7 +181,7 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
     check_kernel_block_size(block_size)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
     layers = _check_dense_layers(dense_layers)
-    name = _check_name(name)
+    name = check_backend_name(name)
     if options is not None and not isinstance(options, Mapping):
         raise TypeError(f"options must be a mapping of selector options or None, got {type(options).__name__}")
     if options and "scale" in options:
@@ -190,7 +193,7 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
 
     _REGISTRY[name] = _Backend(settings)
     AttentionInterface.register(name, partial(_attention, name))
-    AttentionMaskInterface.register(name, partial(_mask, name))
+    AttentionMaskInterface.register(name, partial(plain_causal_mask, name))
     return name
 
 
@@ -244,10 +247,11 @@ def _causal_block_pairs(first_row: int, last_row: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- the mask function
-def _mask(name: str, batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
-          mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
-    """transformers' mask function for ``name``: always ``None`` (the kernels apply the causal mask and the
-    schedule themselves), after checking that the mask asked for is plain causal attention over the whole
+def plain_causal_mask(name: str, batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+                      mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
+    """transformers' mask function for ``name`` (registered as ``partial(plain_causal_mask, name)``; also by
+    other backends that apply the causal mask themselves): always ``None`` (the kernels apply the causal mask
+    and the schedule themselves), after checking that the mask asked for is plain causal attention over the whole
     cache. Raises ``ValueError`` for padding, packed sequences, sliding-window, chunked or bidirectional masks
     and caches whose length is not ``q_offset + q_length`` (static and sliding-window caches)."""
     from transformers.masking_utils import causal_mask_function
@@ -273,8 +277,9 @@ def _mask(name: str, batch_size: int, q_length: int, kv_length: int, q_offset=0,
 
 
 # ----------------------------------------------------------------------------- the attention function
-def _check_call(name: str, module, attention_mask, dropout: float, kwargs: dict) -> None:
-    """What the kernels cannot do, raised instead of silently ignored."""
+def check_attention_call(name: str, module, attention_mask, dropout: float, kwargs: dict) -> None:
+    """What the kernels cannot do, raised instead of silently ignored: ``ValueError`` for a mask handed in,
+    attention dropout, sliding windows, soft-capping, attention sinks and non-causal modules."""
     if attention_mask is not None:
         raise ValueError(
             f"attn_implementation {name!r} got an attention mask of shape {tuple(attention_mask.shape)}; it "
@@ -303,7 +308,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     ``[B, Hkv, kv_len, D]``; returns ``(out [B, q_len, Hq, D] contiguous, None)`` (see the module docstring)."""
     backend = _REGISTRY[name]
     settings = backend.settings
-    _check_call(name, module, attention_mask, dropout, kwargs)
+    check_attention_call(name, module, attention_mask, dropout, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[-2]

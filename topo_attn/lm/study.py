@@ -9,6 +9,14 @@ With ``--strict`` each query block takes the blocks the query block before it sc
 (``topo_attn.selection.select(strict=True)``), so no position's attention depends on a later byte: the
 perplexity of a row-pooled choice otherwise includes a small look-ahead inside each query block.
 
+``--granularity token`` (not with ``--strict``; the selectors of
+:data:`~topo_attn.lm.token_attention.TOKEN_SELECTORS` only, all of them by default) has each query token choose
+its key blocks from its own query, among the complete blocks before its own, as a decode step with a KV cache
+does (:mod:`topo_attn.lm.token_attention`: torch's SDPA with a per-token mask, no kernel): leak-free and not
+stale. ``sdpa`` and ``dense`` run as with block granularity; the visited fraction counts per token (equal to
+the block backend's at the same sizes); the recall and speed rows, which are about the block schedules and
+the kernels, are skipped with a note (``notes`` in the JSON).
+
 - **perplexity**: bits per byte, overall and by position bucket, for ``sdpa``, the kit's ``dense`` and every
   selector of :data:`SELECTORS` at every budget, with the visited fraction of the causal blocks achieved;
 - **retrieval**: the passkey probe (:mod:`.probe`) at distances from 1k to the context: exact-match rate and
@@ -38,6 +46,8 @@ from ..bench.results import ROOT, code_version
 from ..schedule import num_blocks
 from ..selection import full_attention, schedule_quality, select
 from .evaluate import bits_per_byte, passkey_scores, token_losses
+from .token_attention import TOKEN_SELECTORS, register_token_selection
+from .token_attention import last_stats as token_last_stats
 from .train import probe_distances, probe_set
 
 SELECTORS = ("window", "random", "topology_22", "topology", "centroid", "quest", "cluster", "cluster_centroid",
@@ -46,6 +56,9 @@ SELECTORS = ("window", "random", "topology_22", "topology", "centroid", "quest",
 
 DEFAULT_MODEL = ROOT / "data" / "lm"
 BACKEND = "topo_attn_evaluate"
+TOKEN_BACKEND = "topo_attn_token_evaluate"
+TOKEN_SKIPPED = ("recall and speed rows skipped for --granularity token: they measure the block schedules "
+                 "(recall) and the kernels (speed), not per-token selection")
 CAPTURE = "topo_attn_capture"
 
 
@@ -78,6 +91,20 @@ def configurations(budgets: list[int], selectors: tuple[str, ...] = SELECTORS) -
     return out + [(s, b) for s in SELECTORS if s in selectors and s != "window" for b in budgets]
 
 
+def chosen_selectors(args: argparse.Namespace) -> tuple[str, ...]:
+    """The selectors to evaluate: ``--selectors``, or by default every selector of :data:`SELECTORS` (block
+    granularity) or of :data:`~topo_attn.lm.token_attention.TOKEN_SELECTORS` (token granularity). Raises
+    ``ValueError`` for token granularity with ``--strict`` or with a selector it does not have."""
+    if args.granularity == "block":
+        return tuple(args.selectors or SELECTORS)
+    if args.strict:
+        raise ValueError("--strict is for --granularity block: token granularity has no look-ahead to remove")
+    others = sorted(set(args.selectors or ()) - set(TOKEN_SELECTORS))
+    if others:
+        raise ValueError(f"--granularity token takes the selectors {list(TOKEN_SELECTORS)}, got {others}")
+    return tuple(args.selectors or [s for s in SELECTORS if s in TOKEN_SELECTORS])
+
+
 def _use(model, attention: str, budget: int | None, args) -> str | None:
     """Switch ``model`` to ``attention``; the backend name of the kit (None for sdpa)."""
     from ..integrations import transformers as tat
@@ -85,6 +112,11 @@ def _use(model, attention: str, budget: int | None, args) -> str | None:
     if attention == "sdpa":
         model.set_attn_implementation("sdpa")
         return None
+    if args.granularity == "token" and attention != "dense":
+        name = register_token_selection(attention, args.block_size, args.sinks, args.window, budget or 0,
+                                        name=TOKEN_BACKEND)
+        model.set_attn_implementation(name)
+        return name
     strict = args.strict and attention not in ("dense", "topology_22")
     name = tat.register(selector=attention, block_size=args.block_size, sinks=args.sinks, window=args.window,
                         budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND,
@@ -94,11 +126,15 @@ def _use(model, attention: str, budget: int | None, args) -> str | None:
 
 
 def _visited(name: str | None) -> tuple[int, int]:
-    """Scheduled and causal block pairs of the last forward over all layers (the dense count for sdpa: 0, 0)."""
+    """Scheduled and causal block pairs of the last forward over all layers (the dense count for sdpa: 0, 0);
+    for the token backend, visible and causal key blocks summed over tokens."""
     from ..integrations import transformers as tat
 
     if name is None:
         return 0, 0
+    if name == TOKEN_BACKEND:
+        stats = token_last_stats(name).values()
+        return sum(s.visited_blocks for s in stats), sum(s.causal_blocks for s in stats)
     stats = tat.last_stats(name).values()
     return sum(s.scheduled_blocks for s in stats), sum(s.causal_blocks for s in stats)
 
@@ -110,7 +146,7 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool = True) -> tuple[
     ids = torch.from_numpy(docs.astype(np.int64))
     probes = probe_set(docs, probe_distances(docs.shape[1]), args.probes, seed=args.seed)
     perplexity, retrieval = [], []
-    configs = configurations(args.budgets, tuple(args.selectors))
+    configs = configurations(args.budgets, chosen_selectors(args))
     for attention, budget in tqdm(configs, desc="perplexity and retrieval", disable=not progress):
         started = time.perf_counter()
         name = _use(model, attention, budget, args)
@@ -120,13 +156,15 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool = True) -> tuple[
             s, c = _visited(name)
             scheduled, causal = scheduled + s, causal + c
         visited = scheduled / causal if causal else 1.0
-        perplexity.append(dict(attention=attention, budget=budget, visited_fraction=visited,
+        perplexity.append(dict(attention=attention, budget=budget, granularity=args.granularity,
+                               visited_fraction=visited,
                                bits_per_byte=bits_per_byte(torch.cat(losses)), documents=len(ids),
                                seconds=time.perf_counter() - started))
         scores = passkey_scores(model, probes, batch=args.batch)
         for distance in sorted({r["distance"] for r in scores}):
             at = [r for r in scores if r["distance"] == distance]
-            retrieval.append(dict(attention=attention, budget=budget, visited_fraction=visited, distance=distance,
+            retrieval.append(dict(attention=attention, budget=budget, granularity=args.granularity,
+                                  visited_fraction=visited, distance=distance,
                                   exact=sum(r["exact"] for r in at) / len(at), probes=len(at),
                                   loss=sum(r["loss"] for r in at) / len(at)))
     return perplexity, retrieval
@@ -161,7 +199,7 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool = True) -> list[dic
     rows = []
     for layer, (q, k, v) in tqdm(sorted(captured.items()), desc="recall", disable=not progress):
         reference = full_attention(q, k, v, args.block_size)
-        for attention, budget in configurations(args.budgets, tuple(args.selectors))[2:]:
+        for attention, budget in configurations(args.budgets, chosen_selectors(args))[2:]:
             options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
             if args.strict and attention != "topology_22":
                 options["strict"] = True
@@ -195,8 +233,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 6, 14, 30],
                         help="extra key blocks per query block beyond sinks and window")
-    parser.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS,
-                        help="selectors to evaluate (default: all)")
+    parser.add_argument("--selectors", nargs="+", default=None, choices=SELECTORS,
+                        help="selectors to evaluate (default: all, those of token granularity with it)")
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--sinks", type=int, default=1)
     parser.add_argument("--window", type=int, default=1)
@@ -204,6 +242,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="selection without look-ahead: each query block takes the blocks the query block "
                              "before it scored (topo_attn.selection.select(strict=True); not topology_22)")
+    parser.add_argument("--granularity", choices=("block", "token"), default="block",
+                        help="who chooses key blocks: each query block (the kit's kernels; default) or each query "
+                             f"token from its own query (topo_attn.lm.token_attention; {', '.join(TOKEN_SELECTORS)}; "
+                             "not with --strict; no recall or speed rows)")
     parser.add_argument("--batch", type=int, default=4, help="documents per forward")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -216,7 +258,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
-    """Everything of the module docstring for parsed ``args``; the results as a dict."""
+    """Everything of the module docstring for parsed ``args``; the results as a dict. Raises ``ValueError``
+    for token granularity with ``--strict`` or a selector it does not have (:func:`chosen_selectors`)."""
+    chosen_selectors(args)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
     model = load_model(args.model, args.device, dtype)
     docs = load_documents(args.eval_set or Path(args.model) / "eval_set.npz", args.documents, args.length)
@@ -228,15 +272,19 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
         " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
         **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
-        window=args.window, strict=args.strict, dense_layers=list(args.dense_layers),
+        window=args.window, strict=args.strict, granularity=args.granularity,
+        dense_layers=list(args.dense_layers),
         dtype=str(dtype).removeprefix("torch."),
         causal_blocks_per_lane=num_blocks(args.length, args.block_size) * (num_blocks(args.length, args.block_size)
                                                                             + 1) // 2,
         perplexity=perplexity, retrieval=retrieval)
-    if args.recall:
-        result["recall"] = recall_rows(model, docs[0], args, args.progress)
-    if args.speed and args.device != "cpu":
-        result["speed"] = speed_rows(model, args)
+    if args.granularity == "token":
+        result["notes"] = [TOKEN_SKIPPED]
+    else:
+        if args.recall:
+            result["recall"] = recall_rows(model, docs[0], args, args.progress)
+        if args.speed and args.device != "cpu":
+            result["speed"] = speed_rows(model, args)
     result["seconds"] = time.perf_counter() - started
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
@@ -254,8 +302,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     argv = sys.argv[2:] if argv is None else list(argv)
-    result = evaluate(parser.parse_args(argv), argv)
+    args = parser.parse_args(argv)
+    try:
+        chosen_selectors(args)
+    except ValueError as error:
+        parser.error(str(error))
+    result = evaluate(args, argv)
     print(summary_table(result))
+    for note in result.get("notes", []):
+        print(f"note: {note}")
     return 0
 
 

@@ -139,6 +139,19 @@ def centroid_scores(q, k, block_size, **_) -> torch.Tensor:
     return _shape_scores(qc @ kc.transpose(-1, -2), q)
 
 
+def key_block_bounds(k: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The element-wise minimum and maximum of the keys of each key block (a partial last block: its real
+    rows), from the detached keys ``[..., S, D]``: float64 ``(lo, hi)``, ``[..., n, D]`` each."""
+    seq = k.shape[-2]
+    nb = num_blocks(seq, block_size)
+    pad = nb * block_size - seq
+    keys = k.detach().to(torch.float64)
+    # padding rows never win the min or the max
+    hi = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("-inf")).unflatten(-2, (nb, block_size))
+    lo = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("inf")).unflatten(-2, (nb, block_size))
+    return lo.amin(-2), hi.amax(-2)
+
+
 def quest_scores(q, k, block_size, **_) -> torch.Tensor:
     """Quest's page bound (Tang et al. 2024): with ``m[kb]`` and ``M[kb]`` the element-wise minimum and maximum
     of the keys of key block ``kb`` (a partial last block: its real rows), the score of ``[qb, kb]`` is the
@@ -151,12 +164,7 @@ def quest_scores(q, k, block_size, **_) -> torch.Tensor:
     seq = q.shape[-2]
     nb = num_blocks(seq, bs)
     pad = nb * bs - seq
-    keys = k.detach().to(torch.float64)
-    # key-block bounds per key head; padding rows never win the min or the max
-    hi = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("-inf"))
-    lo = torch.nn.functional.pad(keys, (0, 0, 0, pad), value=float("inf"))
-    hi = hi.unflatten(-2, (nb, bs)).amax(-2)  # [..., n, D]
-    lo = lo.unflatten(-2, (nb, bs)).amin(-2)
+    lo, hi = key_block_bounds(k, bs)  # per key head
     q4, hi4 = _lanes(q, hi)  # the key heads' bounds expanded to the query heads
     _, lo4 = _lanes(q, lo)
     q4 = q4.detach().to(torch.float64)

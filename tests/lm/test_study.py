@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import DEVICE  # in tests/: the GPU where the compiled kernel runs, else the CPU (interpreter)
 from topo_attn.lm import study
 from topo_attn.lm.evaluate import bits_per_byte, passkey_scores, token_losses
 from topo_attn.lm.train import probe_set
@@ -46,7 +47,8 @@ def run(tmp_path_factory):
     out = root / "result.json"
     argv = ["--model", str(root / "model"), "--eval-set", str(root / "docs.npz"), "--length", str(LENGTH),
             "--block-size", str(BLOCK), "--budgets", str(BUDGET), "--probes", "1", "--documents", "2", "--batch", "2",
-            "--selectors", *SELECTORS, "--out", str(out), "--no-progress", "--device", "cpu"]
+            "--selectors", *SELECTORS, "--out", str(out), "--no-progress", "--device", DEVICE, "--dtype", "float32",
+            "--no-speed"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert study.main(argv) == 0
@@ -65,13 +67,14 @@ def rows_by_config(rows: list[dict]) -> dict:
 
 def test_result_header(run):
     result = run["result"]
-    assert result["suite"] == "lm" and result["gpu"] == "cpu" and result["dtype"] == "float32"
+    gpu = "cpu" if DEVICE == "cpu" else torch.cuda.get_device_name()
+    assert result["suite"] == "lm" and result["gpu"] == gpu and result["dtype"] == "float32"
     assert result["documents"] == 2 and result["length"] == LENGTH and result["block_size"] == BLOCK
     assert result["sinks"] == 1 and result["window"] == 1 and result["dense_layers"] == []
     assert result["causal_blocks_per_lane"] == 36
     assert result["command"].startswith("python -m topo_attn.lm evaluate --model ")
     assert "commit" in result and result["seconds"] > 0
-    assert "speed" not in result  # the CPU: no speed rows
+    assert "speed" not in result  # --no-speed
 
 
 def test_sdpa_rows_equal_the_scores_of_the_saved_model(run, saved_model):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import DEVICE  # in tests/: the GPU where the compiled kernel runs, else the CPU (interpreter)
 from topo_attn.lm import study
 from topo_attn.lm import token_attention as tok
 from topo_attn.lm.research import prefix_trees
@@ -306,7 +307,7 @@ def test_study_with_token_granularity(tmp_path):
     argv = ["--model", str(tmp_path / "model"), "--eval-set", str(tmp_path / "docs.npz"), "--length", str(LENGTH),
             "--block-size", str(BLOCK), "--budgets", "1", "--probes", "1", "--documents", "1", "--batch", "1",
             "--granularity", "token", "--selectors", "quest", "centroid", "--out", str(out), "--no-progress",
-            "--device", "cpu"]
+            "--device", DEVICE, "--dtype", "float32"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert study.main(argv) == 0

@@ -31,7 +31,7 @@ EXPECTED = {
                           "bits per byte at positions 4k-8k", "topology_causal"],
 }
 MIN_FIGURES = {"01_key_block_centroids": 2, "02_persistence_barcodes": 2, "03_schedule_explorer": 1,
-               "06_language_model": 7}
+               "06_language_model": 9}
 # text that the HTML copy must show as text (outside scripts and styles), for the notebooks listed: the explorer's
 # sliders need the widget JavaScript from a CDN, so the page says in words what they need
 EXPECTED_HTML = {"03_schedule_explorer": [LIVE_KERNEL_NOTE]}
@@ -153,13 +153,15 @@ def test_language_model_notebook_renders_results(tmp_path):
     results.write_text(json.dumps(lm_result()))
     out, = run_notebook(NOTEBOOK_DIR / "06_language_model.ipynb", tmp_path / "out",
                         {**SMALL, "results": str(results), "strict_results": str(results), "budget": 2,
-                         "research": str(tmp_path / "missing.json")}, html=False)
+                         "research": str(tmp_path / "missing.json"),
+                         "token_results": [str(tmp_path / "missing_token.json")]}, html=False)
     nb = nbformat.read(out, as_version=4)
     text = outputs_text(nb)
     assert "NVIDIA Test GPU" in text and "commit abc1234" in text  # the header
     assert "passkey @8064" in text and "| topology_causal | 6 |" in text  # the summary table, an unknown selector
     assert "at budget 2" in text and "bits/byte" in text
     assert "No research results to show" in text and "bits per byte at positions 4k-8k" in text
+    assert "Not shown: no language-model results at" in text and "missing_token.json" in text
     assert figures(nb) == 7  # training, Pareto front (pooled, strict), positions, retrieval, recall, speed
 
 

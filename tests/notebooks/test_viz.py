@@ -416,6 +416,31 @@ def test_load_lm_quality_names_what_is_wrong(tmp_path):
         bench_results.load_lm_quality(bad)
 
 
+def test_combine_lm_quality_joins_parts_of_one_study():
+    from topo_attn.bench import results as bench_results
+
+    whole = lm_figure_result()
+    configs = [(r["attention"], r["budget"]) for r in whole["perplexity"]]
+    base = {("sdpa", None), ("dense", None)}
+    split = configs.index(next(c for c in configs if c not in base and c[0] != "window"))
+
+    def part(keep):  # a run of some selectors: sdpa and dense in every part
+        chosen = base | set(keep)
+        return {**whole, **{s: [r for r in whole[s] if (r["attention"], r["budget"]) in chosen]
+                            for s in ("perplexity", "retrieval")}}
+
+    a, b = part(configs[:split]), part(configs[split:])
+    b["perplexity"] = [{**r, "seconds": -1.0} for r in b["perplexity"]]  # to see which part a row came from
+    combined = bench_results.combine_lm_quality([a, b])
+    assert [(r["attention"], r["budget"]) for r in combined["perplexity"]] == configs
+    assert all(r["seconds"] != -1.0 for r in combined["perplexity"][:split])  # sdpa, dense: from the first part
+    assert len(combined["retrieval"]) == len(whole["retrieval"])
+    with pytest.raises(ValueError, match="block_size"):
+        bench_results.combine_lm_quality([a, {**b, "block_size": 32}])
+    with pytest.raises(ValueError, match="at least one"):
+        bench_results.combine_lm_quality([])
+
+
 def test_load_lm_research_and_its_table(tmp_path):
     import json
 

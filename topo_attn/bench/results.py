@@ -288,6 +288,36 @@ def load_lm_quality(path: str | Path) -> dict:
     return data
 
 
+def combine_lm_quality(results: Sequence[Mapping]) -> dict:
+    """Several :func:`load_lm_quality` results of one study run in parts (e.g. one process per selector) as one:
+    the first one's header, and the ``perplexity`` and ``retrieval`` rows of all of them, a configuration
+    (``attention``, ``budget``) taken from the first result that has it (``sdpa`` and ``dense`` appear in
+    every part). Other sections (``recall``, ``speed``) come from the first result only.
+
+    Raises:
+        ValueError: no results, or parts of different settings (``length``, ``block_size``, ``sinks``,
+            ``window``, ``documents``, ``granularity``, ``strict``).
+    """
+    if not results:
+        raise ValueError("results must hold at least one language-model result")
+    keys = ("length", "block_size", "sinks", "window", "documents", "granularity", "strict")
+    first = results[0]
+    for other in results[1:]:
+        differ = [k for k in keys if other.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"results differ in {differ}: they are not parts of one study")
+    combined = dict(first)
+    seen = set()
+    for section in ("perplexity", "retrieval"):
+        combined[section] = []
+    for result in results:
+        configs = {(r["attention"], r["budget"]) for r in result["perplexity"]} - seen
+        for section in ("perplexity", "retrieval"):
+            combined[section] += [r for r in result[section] if (r["attention"], r["budget"]) in configs]
+        seen |= configs
+    return combined
+
+
 def describe_lm_quality(result: Mapping) -> str:
     """One Markdown line: the model, the GPU, the versions, the settings, the command and the commit."""
     dense = result.get("dense_layers") or []

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sys
 
+from ..notebooks import triton_mode
 from .train import ModelShape, TrainSettings
 
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="recall of the topology-aware research selectors against the baselines (its own --help)")
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    triton_mode()  # without a GPU, the kit's kernels run in Triton's interpreter (set before triton loads)
     if argv[:1] == ["evaluate"]:
         from .study import main as evaluate_main
         return evaluate_main(argv[1:])

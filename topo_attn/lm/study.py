@@ -105,6 +105,12 @@ def chosen_selectors(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(args.selectors or [s for s in SELECTORS if s in TOKEN_SELECTORS])
 
 
+def _strict(attention: str, args) -> bool:
+    """Whether ``attention`` runs with ``strict=True``: ``--strict`` asked for it and the selector has row scores
+    (not ``dense``, not ``topology_22``)."""
+    return args.strict and attention not in ("dense", "topology_22")
+
+
 def _use(model, attention: str, budget: int | None, args) -> str | None:
     """Switch ``model`` to ``attention``; the backend name of the kit (None for sdpa)."""
     from ..integrations import transformers as tat
@@ -117,10 +123,9 @@ def _use(model, attention: str, budget: int | None, args) -> str | None:
                                         name=TOKEN_BACKEND)
         model.set_attn_implementation(name)
         return name
-    strict = args.strict and attention not in ("dense", "topology_22")
     name = tat.register(selector=attention, block_size=args.block_size, sinks=args.sinks, window=args.window,
                         budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND,
-                        options={"strict": True} if strict else None)
+                        options={"strict": True} if _strict(attention, args) else None)
     model.set_attn_implementation(name)
     return name
 
@@ -201,7 +206,7 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool = True) -> list[dic
         reference = full_attention(q, k, v, args.block_size)
         for attention, budget in configurations(args.budgets, chosen_selectors(args))[2:]:
             options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
-            if args.strict and attention != "topology_22":
+            if _strict(attention, args):
                 options["strict"] = True
             schedule = select(attention, q, k, args.block_size, args.sinks, args.window, budget, **options)
             quality = schedule_quality(q, k, v, schedule, reference=reference)

@@ -53,8 +53,9 @@ import torch
 
 from .._checks import check_int, check_qkv, check_scale
 from ..integrations.transformers import check_attention_call, check_backend_name, plain_causal_mask
+from ..rule import base_block_mask
 from ..schedule import num_blocks
-from ..selection.selectors import key_block_bounds
+from ..selection.selectors import choose_blocks, key_block_bounds
 from ..topology import block_centroids, block_salience
 
 __all__ = ["DEFAULT_CHUNK", "TOKEN_SELECTORS", "TokenLayerStats", "TokenSettings", "block_candidates",
@@ -184,30 +185,10 @@ def block_candidates(rows: slice, n: int, block_size: int, sinks: int, window: i
                      device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """For the tokens at positions ``rows``: the always-visible key blocks (sinks and window, causal) and the
     candidates (complete causal blocks ``kb < b_t`` outside them), bool ``[len(rows), n]`` each."""
-    block = torch.arange(rows.start, rows.stop, device=device)[:, None] // block_size
-    kb = torch.arange(n, device=device)[None, :]
-    always = (kb <= block) & ((kb < sinks) | (kb >= block - window))
-    return always, (kb < block) & ~always
-
-
-def choose_blocks(scores: torch.Tensor, candidates: torch.Tensor, budget: int) -> torch.Tensor:
-    """The ``budget`` highest-scored candidates of each row (all of them when fewer; ties to the lower block
-    index; a ``-inf`` score still beats a non-candidate).
-
-    Arguments:
-        scores: real ``[..., c, n]``; candidates: bool ``[c, n]`` (or broadcastable); budget: int ``>= 0``.
-
-    Returns:
-        bool ``[..., c, n]``.
-    """
-    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-    take = min(budget, scores.shape[-1])
-    if take:
-        lowest = torch.finfo(torch.float64).min
-        masked = scores.to(torch.float64).clamp(min=lowest).masked_fill(~candidates, float("-inf"))
-        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
-        chosen.scatter_(-1, order, torch.gather(candidates.expand(scores.shape), -1, order))
-    return chosen
+    block = torch.arange(rows.start, rows.stop, device=device) // block_size
+    always = base_block_mask(n, sinks, window, device)[block]  # the rule's sinks and window of each token's row
+    kb = torch.arange(n, device=device)
+    return always, (kb[None, :] < block[:, None]) & ~always
 
 
 def token_mask(visible: torch.Tensor, rows: slice, seq_len: int, block_size: int) -> torch.Tensor:

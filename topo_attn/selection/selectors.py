@@ -85,15 +85,28 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
     nb = scores.shape[-1]
     base = base_block_mask(nb, sinks, window, scores.device)
     causal = torch.ones(nb, nb, dtype=torch.bool, device=scores.device).tril()
-    candidate = causal & ~base
-    mask = base.expand(scores.shape).clone()
-    take = min(budget, nb)
-    if take:
-        masked = scores.to(torch.float64).masked_fill(~candidate, float("-inf"))
-        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
-        ok = torch.gather(candidate.expand(scores.shape), -1, order)
-        mask.scatter_(-1, order, ok | torch.gather(mask, -1, order))
+    mask = base | choose_blocks(scores, causal & ~base, budget)
     return BlockSchedule.from_block_mask(mask, block_size, seq_len)
+
+
+def choose_blocks(scores: torch.Tensor, candidates: torch.Tensor, budget: int) -> torch.Tensor:
+    """The ``budget`` highest-scored candidates of each row (all of them when fewer; ties to the lower block
+    index; a ``-inf`` score still beats a non-candidate).
+
+    Arguments:
+        scores: real ``[..., c, n]``; candidates: bool ``[c, n]`` (or broadcastable); budget: int ``>= 0``.
+
+    Returns:
+        bool ``[..., c, n]``.
+    """
+    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    take = min(budget, scores.shape[-1])
+    if take:
+        lowest = torch.finfo(torch.float64).min
+        masked = scores.to(torch.float64).clamp(min=lowest).masked_fill(~candidates, float("-inf"))
+        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
+        chosen.scatter_(-1, order, torch.gather(candidates.expand(scores.shape), -1, order))
+    return chosen
 
 
 # ------------------------------------------------------------------------------------------------ scores

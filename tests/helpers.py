@@ -36,22 +36,28 @@ def inputs(shape_q, shape_kv, dtype, device, seed):
 
 
 def random_schedule(gen: torch.Generator, seq_len: int, block_size: int, lanes=None, density: float = 0.4,
-                    diagonal: bool | None = None, device="cpu") -> ta.BlockSchedule:
+                    diagonal: bool | None = None, device="cpu", q_len: int | None = None) -> ta.BlockSchedule:
     """A random valid schedule: random causal blocks, at least one per row; the diagonal is present in some
-    rows and absent in others unless ``diagonal`` says otherwise."""
+    rows and absent in others unless ``diagonal`` says otherwise. ``q_len``: the rows of the last ``q_len``
+    queries of ``seq_len`` keys (default: all)."""
     n = ta.num_blocks(seq_len, block_size)
-    shape = (n, n) if lanes is None else (*lanes, n, n)
-    mask = (torch.rand(shape, generator=gen) < density).tril()
-    eye = torch.eye(n, dtype=torch.bool)
+    first = (seq_len - (q_len or seq_len)) // block_size
+    rows = n - first
+    shape = (rows, n) if lanes is None else (*lanes, rows, n)
+    causal = torch.ones(rows, n, dtype=torch.bool).tril(first)
+    mask = (torch.rand(shape, generator=gen) < density) & causal
+    eye = torch.zeros(rows, n, dtype=torch.bool)
+    eye[torch.arange(rows), first + torch.arange(rows)] = True
     if diagonal is True:
         mask |= eye
     elif diagonal is False:
         mask &= ~eye
-        mask[..., 0, 0] = True  # row 0 can only hold block 0
+        if first == 0:
+            mask[..., 0, 0] = True  # row 0 can only hold block 0
     empty = ~mask.any(-1)  # rows left empty get one random causal block
-    pick = (torch.rand(shape[:-1], generator=gen) * (torch.arange(n) + 1)).long()
+    pick = (torch.rand(shape[:-1], generator=gen) * (first + torch.arange(rows) + 1)).long()
     mask |= empty[..., None] & (torch.arange(n) == pick[..., None])
-    return ta.BlockSchedule.from_block_mask(mask, block_size, seq_len).to(device)
+    return ta.BlockSchedule.from_block_mask(mask, block_size, seq_len, q_len=q_len).to(device)
 
 
 def all_pairs_salience(dist: np.ndarray) -> np.ndarray:

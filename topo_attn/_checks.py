@@ -71,7 +71,8 @@ def check_keys(keys: object, finite: bool = True) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Sizes of a validated attention call; 2-D inputs count as ``B = H = H_kv = 1``."""
+    """Sizes of a validated attention call; 2-D inputs count as ``B = H = H_kv = 1``. ``seq_len``: the query
+    length; ``kv_len``: the key length (equal, except for queries at the end of a longer key sequence)."""
 
     batch: int
     heads: int
@@ -79,15 +80,17 @@ class AttentionShape:
     seq_len: int
     head_dim: int
     rank: int
+    kv_len: int
 
     @property
     def lanes(self) -> tuple[int, int]:
         return (self.batch, self.heads)
 
 
-def check_qkv(q: object, k: object, v: object) -> AttentionShape:
+def check_qkv(q: object, k: object, v: object, shorter_q: bool = False) -> AttentionShape:
     """Shapes and dtypes of ``q, k, v``: ``[S, D]`` each, or ``q: [B, H, S, D]`` with
-    ``k, v: [B, H_kv, S, D]`` and ``H % H_kv == 0`` (grouped-query attention)."""
+    ``k, v: [B, H_kv, S, D]`` and ``H % H_kv == 0`` (grouped-query attention). With ``shorter_q``, q may hold
+    fewer positions than k and v (``q_len <= kv_len``: queries at the end of the key sequence)."""
     q, k, v = check_tensor("q", q), check_tensor("k", k), check_tensor("v", v)
     if q.ndim not in (2, 4):
         raise ValueError(f"q must have shape [S, D] or [B, H, S, D], got shape {tuple(q.shape)}")
@@ -102,8 +105,13 @@ def check_qkv(q: object, k: object, v: object) -> AttentionShape:
         raise TypeError(f"q must be a floating-point tensor, got {q.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    seq_len, head_dim = q.shape[-2], q.shape[-1]
-    if k.shape[-2] != seq_len:
+    seq_len, head_dim, kv_len = q.shape[-2], q.shape[-1], k.shape[-2]
+    if shorter_q and kv_len < seq_len:
+        raise ValueError(
+            f"k must hold at least as many positions as q ({seq_len}): the queries are the last q_len "
+            f"positions of the key sequence, got k shape {tuple(k.shape)}"
+        )
+    if not shorter_q and kv_len != seq_len:
         raise ValueError(
             f"k must have the same sequence length as q ({seq_len}) for causal self-attention, "
             f"got k shape {tuple(k.shape)}"
@@ -113,7 +121,7 @@ def check_qkv(q: object, k: object, v: object) -> AttentionShape:
     if seq_len == 0:
         raise ValueError("q must hold at least one token, got sequence length 0")
     if q.ndim == 2:
-        return AttentionShape(1, 1, 1, seq_len, head_dim, 2)
+        return AttentionShape(1, 1, 1, seq_len, head_dim, 2, kv_len)
     batch, heads = q.shape[0], q.shape[1]
     if k.shape[0] != batch:
         raise ValueError(f"k must have the same batch size as q ({batch}), got k shape {tuple(k.shape)}")
@@ -125,7 +133,7 @@ def check_qkv(q: object, k: object, v: object) -> AttentionShape:
         )
     if batch * heads == 0:
         raise ValueError(f"q must have at least one batch and head, got shape {tuple(q.shape)}")
-    return AttentionShape(batch, heads, kv_heads, seq_len, head_dim, 4)
+    return AttentionShape(batch, heads, kv_heads, seq_len, head_dim, 4, kv_len)
 
 
 def check_scale(scale: object, head_dim: int) -> float:

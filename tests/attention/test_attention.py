@@ -228,8 +228,7 @@ def test_tma_and_pointer_paths_agree(B, H, H_kv, S, D, block_size, dtype, per_la
     outs = []
     for tma in (False, True):
         config = {**tile_config(block_size, D, dtype), "TMA": tma}
-        out, lse = scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices, block_size,
-                                               schedule.is_shared, D ** -0.5, True, config)
+        out, lse = scheduled_attention_forward(q, k, v, schedule, D ** -0.5, True, config)
         _check(out, ref, dtype)
         outs.append((out, lse))
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)

@@ -166,11 +166,24 @@ def test_k_and_v_shapes_differ(no_launch: None) -> None:
         scheduled_attention(q, k, v[..., :32, :], SCHEDULE)
 
 
-def test_k_seq_len_differs_from_q(no_launch: None) -> None:
+def test_k_shorter_than_q(no_launch: None) -> None:
     q, _, _ = qkv()
     k, v = randn(1, 2, 32, 16), randn(1, 2, 32, 16)
-    with pytest.raises(ValueError, match="k must have the same sequence length as q"):
+    with pytest.raises(ValueError, match="k must hold at least as many positions as q"):
         scheduled_attention(q, k, v, SCHEDULE)
+
+
+def test_schedule_for_other_q_len(no_launch: None) -> None:
+    """q shorter than k needs a schedule built for that q_len; the square one is refused, and so is a schedule
+    for another q_len."""
+    q, _, _ = qkv()
+    k, v = randn(1, 2, 64, 16), randn(1, 2, 64, 16)
+    with pytest.raises(ValueError, match="built for seq_len=48"):
+        scheduled_attention(q, k, v, SCHEDULE)
+    with pytest.raises(ValueError, match=r"built for q_len=64 queries, but q has sequence length 48"):
+        scheduled_attention(q, k, v, dense_causal_schedule(64, 16))
+    with pytest.raises(ValueError, match=r"built for q_len=40 queries"):
+        scheduled_attention(q, k, v, dense_causal_schedule(64, 16, q_len=40))
 
 
 def test_k_head_dim_differs_from_q(no_launch: None) -> None:
@@ -247,7 +260,7 @@ def test_schedule_for_same_blocks_but_another_seq_len(no_launch: None) -> None:
 @pytest.mark.parametrize("lanes", [(2, 2), (1, 3)])
 def test_per_lane_schedule_for_other_lanes(no_launch: None, lanes: tuple[int, int]) -> None:
     q, k, v = qkv(batch=1, heads=2)
-    with pytest.raises(ValueError, match=r"schedule holds one row-set per lane for lanes \(B, H\)"):
+    with pytest.raises(ValueError, match=r"schedule holds one row-set per lane for lanes .* but q has \(B, H\)"):
         scheduled_attention(q, k, v, random_schedule(3, 16, 48, lanes))
 
 

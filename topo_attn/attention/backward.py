@@ -108,11 +108,13 @@ def _attn_bwd_dq_inner(
     return dq
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
+@triton.jit(do_not_specialize=["seq_len", "q_len", "q_offset", "first_block", "lane_row_stride", "stride_lb",
+                               "stride_lh"])
 def attention_bwd_dq_kernel(
     Q, K, V, dOut, Lse, Delta, dQ, Offsets, Indices,
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
-    seq_len, num_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
+    seq_len, q_len, q_offset, first_block,  # keys, queries, the first query's position, its block
+    num_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -122,38 +124,41 @@ def attention_bwd_dq_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid ``(cdiv(S, BLOCK_M), B * H)``: ``dQ [B, H, S, D]`` (q's dtype) of queries ``BLOCK_M * i ..`` of
-    lane ``(b, h)`` over the row schedule ``Offsets``/``Indices`` (as in the forward kernel), from the
-    forward's natural-log ``Lse`` and the preprocess's ``Delta`` (float32 ``[B, H, S]``, same strides).
-    ``BLOCK_M`` and ``BLOCK_N`` divide ``BLOCK_SIZE``."""
+    """Grid ``(cdiv(S - tile0, BLOCK_M), B * H)``: ``dQ [B, H, L, D]`` (q's dtype) of the queries at absolute
+    positions ``tile0 + BLOCK_M * i ..`` of lane ``(b, h)`` over the row schedule ``Offsets``/``Indices`` (the
+    layout, ``tile0`` and the schedule lanes as in the forward kernel), from the forward's natural-log ``Lse``
+    and the preprocess's ``Delta`` (float32 ``[B, H, L]``, same strides). ``BLOCK_M`` and ``BLOCK_N`` divide
+    ``BLOCK_SIZE``."""
     # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     lane = tl.program_id(1)
     batch = (lane // num_heads).to(tl.int64)
     head = lane % num_heads
+    row = (batch * lane_heads + head // lane_group) * lane_row_stride
     kv_head = (head // kv_group).to(tl.int64)
     head = head.to(tl.int64)
-    start_m = pid_m * BLOCK_M
+    start_m = (q_offset // BLOCK_M) * BLOCK_M + pid_m * BLOCK_M  # absolute position of the tile
     q_block = start_m // BLOCK_SIZE
-    row = lane * lane_row_stride + q_block
+    row = (row + q_block - first_block).to(tl.int32)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m < seq_len
+    offs_q = offs_m - q_offset  # rows of Q, dO, Lse, Delta
+    rows = (offs_q >= 0) & (offs_q < q_len)
     kt_ptrs = K + batch * stride_kb + kv_head * stride_kh + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
     vt_ptrs = V + batch * stride_vb + kv_head * stride_vh + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd
 
     # -- load the query tile, its output gradient, log-sum-exp (base 2) and delta once
-    q = load_tile(Q, batch, head, start_m, seq_len, stride_qb, stride_qh, stride_qm, stride_qd,
+    q = load_tile(Q, batch, head, start_m - q_offset, q_len, stride_qb, stride_qh, stride_qm, stride_qd,
                   BLOCK_M, HEAD_DIM, False, True)
     q = mma_operand(q, UPCAST)
-    do = load_tile(dOut, batch, head, start_m, seq_len, stride_dob, stride_doh, stride_dom, stride_dod,
+    do = load_tile(dOut, batch, head, start_m - q_offset, q_len, stride_dob, stride_doh, stride_dom, stride_dod,
                    BLOCK_M, HEAD_DIM, False, True)
     do = mma_operand(do, UPCAST)
-    # queries past seq_len get lse = +inf, so their P is 0
-    lse = tl.load(Lse + batch * stride_lb + head * stride_lh + offs_m, mask=rows, other=float("inf")) * LOG2E_K
-    delta = tl.load(Delta + batch * stride_lb + head * stride_lh + offs_m, mask=rows, other=0.0)
+    # positions that are not queries get lse = +inf, so their P is 0
+    lse = tl.load(Lse + batch * stride_lb + head * stride_lh + offs_q, mask=rows, other=float("inf")) * LOG2E_K
+    delta = tl.load(Delta + batch * stride_lb + head * stride_lh + offs_q, mask=rows, other=0.0)
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
 
     # -- the row's entries; the diagonal block, if scheduled, is the last one
@@ -174,31 +179,33 @@ def attention_bwd_dq_kernel(
                                 BLOCK_SIZE, BLOCK_M, BLOCK_N, True, DOT_PRECISION, NUM_STAGES, UPCAST)
 
     # -- dS was taken w.r.t. the scaled scores: one factor of the softmax scale; store
-    store_tile(dQ, dq * sm_scale, batch, head, start_m, seq_len, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-               BLOCK_M, HEAD_DIM, False)
+    store_tile(dQ, dq * sm_scale, batch, head, start_m - q_offset, q_len, stride_dqb, stride_dqh, stride_dqm,
+               stride_dqd, BLOCK_M, HEAD_DIM, False)
 
 
 @triton.jit
 def _dkdv_query_tile(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, seq_len, qk_scale,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, q_len, q_offset, qk_scale,
     stride_qm, stride_qd, stride_dom, stride_dod,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    """Add one tile of BLOCK_M queries (starting at ``start_m``) of one query head (``q_base``, ``do_base``,
-    ``lse_base``, ``delta_base``: that lane's rows) to the key tile's dK and dV accumulators. Queries past
-    ``seq_len`` (the partial last block) are masked; ``CAUSAL`` masks keys after the query."""
+    """Add one tile of BLOCK_M queries (at absolute positions ``start_m ..``; row ``p - q_offset`` of Q) of
+    one query head (``q_base``, ``do_base``, ``lse_base``, ``delta_base``: that lane's rows) to the key tile's
+    dK and dV accumulators. Positions that are not queries (before ``q_offset``, past the partial last block)
+    are masked; ``CAUSAL`` masks keys after the query."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_q = offs_m - q_offset
     offs_d = tl.arange(0, HEAD_DIM)
-    rows = offs_m < seq_len
-    q = tl.load(q_base + offs_m[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd,
+    rows = (offs_q >= 0) & (offs_q < q_len)
+    q = tl.load(q_base + offs_q[:, None].to(tl.int64) * stride_qm + offs_d[None, :] * stride_qd,
                 mask=rows[:, None], other=0.0)
-    do = tl.load(do_base + offs_m[:, None].to(tl.int64) * stride_dom + offs_d[None, :] * stride_dod,
+    do = tl.load(do_base + offs_q[:, None].to(tl.int64) * stride_dom + offs_d[None, :] * stride_dod,
                  mask=rows[:, None], other=0.0)
     dtype = q.dtype
     q, do = mma_operand(q, UPCAST), mma_operand(do, UPCAST)
-    lse = tl.load(lse_base + offs_m, mask=rows, other=float("inf")) * LOG2E_K  # +inf past seq_len: P = 0
-    delta = tl.load(delta_base + offs_m, mask=rows, other=0.0)
+    lse = tl.load(lse_base + offs_q, mask=rows, other=float("inf")) * LOG2E_K  # +inf off the queries: P = 0
+    delta = tl.load(delta_base + offs_q, mask=rows, other=0.0)
     # P^T (keys x queries), recomputed from the saved log-sum-exp
     st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
     if CAUSAL:
@@ -213,11 +220,12 @@ def _dkdv_query_tile(
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
+@triton.jit(do_not_specialize=["seq_len", "q_len", "q_offset", "lane_row_stride", "stride_lb", "stride_lh"])
 def attention_bwd_dkdv_kernel(
     Q, K, V, dOut, Lse, Delta, dK, dV, ColOffsets, ColIndices,  # the column (transposed) schedule
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
-    seq_len, num_heads, kv_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
+    seq_len, q_len, q_offset,  # keys, queries, the first query's position
+    num_heads, kv_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 when shared
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -231,8 +239,10 @@ def attention_bwd_dkdv_kernel(
     """Grid ``(cdiv(S, BLOCK_N), B * H_kv)``: ``dK``, ``dV [B, H_kv, S, D]`` (k's dtype) of keys
     ``BLOCK_N * i ..`` of key/value lane ``(b, h_kv)``, summed over the ``kv_group`` query heads of the group
     in registers. ``ColOffsets``/``ColIndices``: the int32 column schedule (``BlockSchedule.transpose()``:
-    sorted query blocks, the diagonal first when present), shared or ``n`` columns per query lane. Key
-    blocks nobody reads get zeros. ``BLOCK_M`` and ``BLOCK_N`` divide ``BLOCK_SIZE``."""
+    sorted absolute query blocks, the diagonal first when present), shared or ``n`` columns per schedule lane
+    ``b * lane_heads + h // lane_group``. Queries as in the forward kernel (row ``p - q_offset`` of Q for
+    absolute position ``p``). Key blocks nobody reads get zeros. ``BLOCK_M`` and ``BLOCK_N`` divide
+    ``BLOCK_SIZE``."""
     SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_M
     # -- which keys and key/value lane this program owns (first key tiles, the longest columns, first)
     pid_n = tl.program_id(0)
@@ -255,7 +265,7 @@ def attention_bwd_dkdv_kernel(
     # -- every query head of the GQA group, each with its own column when the schedule is per lane
     for g in range(kv_group):
         head = kv_head * kv_group + g
-        row = ((batch * num_heads + head) * lane_row_stride + k_block).to(tl.int32)
+        row = ((batch * lane_heads + head // lane_group) * lane_row_stride + k_block).to(tl.int32)
         q_base = Q + batch * stride_qb + head * stride_qh
         do_base = dOut + batch * stride_dob + head * stride_doh
         lse_base = Lse + batch * stride_lb + head * stride_lh
@@ -271,7 +281,7 @@ def attention_bwd_dkdv_kernel(
             diagonal_end = tl.minimum(k_block * BLOCK_SIZE + BLOCK_SIZE, seq_len)
             for start_m in range(start_n - start_n % BLOCK_M, diagonal_end, BLOCK_M):
                 dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                          seq_len, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
+                                          q_len, q_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
                                           BLOCK_M, HEAD_DIM, True, DOT_PRECISION, UPCAST)
 
         # -- off-diagonal query blocks lie wholly after the keys: no causal mask (rows past seq_len are)
@@ -280,7 +290,7 @@ def attention_bwd_dkdv_kernel(
             q_block = tl.load(ColIndices + t // SUBTILES)
             start_m = q_block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_M
             dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                      seq_len, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
+                                      q_len, q_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
                                       BLOCK_M, HEAD_DIM, False, DOT_PRECISION, UPCAST)
 
     # -- one factor of the softmax scale for dK; store (key blocks nobody reads get zeros)
@@ -328,31 +338,33 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     here): three launches (delta, dQ over the row schedule, dK/dV over the column schedule), no atomics.
 
     Arguments:
-        do: ``[B, H, S, D]``, the output gradient (any strides, also expanded ones).
-        q: ``[B, H, S, D]``, float16 | bfloat16 | float32, any strides.
-        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``.
-        out: ``[B, H, S, D]``, the forward's output.
-        lse: ``[B, H, S]`` float32, the forward's natural-log log-sum-exp.
+        do: ``[B, H, L, D]``, the output gradient (any strides, also expanded ones).
+        q: ``[B, H, L, D]``, float16 | bfloat16 | float32, any strides.
+        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``, ``L <= S`` (queries at the end).
+        out: ``[B, H, L, D]``, the forward's output.
+        lse: ``[B, H, L]`` float32, the forward's natural-log log-sum-exp.
         schedule: the forward's row ``BlockSchedule`` (its column form is built here, once per call).
         scale: the softmax scale.
         needs: which of dq, dk, dv to compute; the others come back ``None``.
         config: overrides :func:`backward_tile_config` (same keys).
 
     Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
-    batch, heads, seq_len, head_dim = q.shape
-    kv_heads = k.shape[1]
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, seq_len = k.shape[1], k.shape[2]
+    q_offset = seq_len - q_len
     config = config or backward_tile_config(schedule.block_size, head_dim, q.dtype)
     common = dict(BLOCK_SIZE=schedule.block_size, HEAD_DIM=head_dim,
                   DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   UPCAST=INTERPRETED and q.dtype == torch.bfloat16)
-    lane_row_stride = 0 if schedule.is_shared else schedule.num_blocks
+    shared = schedule.is_shared
+    lane_heads, group = (0, 1) if shared else (schedule.lanes[1], heads // schedule.lanes[1])
     lse = lse.contiguous()
 
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
     pre_block = min(128, 8192 // head_dim)
-    attention_bwd_preprocess_kernel[(triton.cdiv(seq_len, pre_block), batch * heads)](
-        out, do, delta, seq_len, heads, *out.stride(), *do.stride(), lse.stride(0), lse.stride(1),
+    attention_bwd_preprocess_kernel[(triton.cdiv(q_len, pre_block), batch * heads)](
+        out, do, delta, q_len, heads, *out.stride(), *do.stride(), lse.stride(0), lse.stride(1),
         BLOCK_M=pre_block, HEAD_DIM=head_dim,
     )
 
@@ -361,9 +373,11 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     if needs[0]:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cfg = config["dq"]
-        attention_bwd_dq_kernel[(triton.cdiv(seq_len, cfg["BLOCK_M"]), batch * heads)](
+        tile0 = q_offset // cfg["BLOCK_M"] * cfg["BLOCK_M"]
+        attention_bwd_dq_kernel[(triton.cdiv(seq_len - tile0, cfg["BLOCK_M"]), batch * heads)](
             q, k, v, do, lse, delta, dq, schedule.offsets, schedule.indices,
-            scale, scale * LOG2E, seq_len, heads, heads // kv_heads, lane_row_stride,
+            scale, scale * LOG2E, seq_len, q_len, q_offset, schedule.first_query_block,
+            heads, heads // kv_heads, lane_heads, group, 0 if shared else schedule.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
             **common, **cfg,
         )
@@ -377,7 +391,8 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         cfg = config["dkdv"]
         attention_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads)](
             q, k, v, do, lse, delta, dk, dv, column.offsets, column.indices,
-            scale, scale * LOG2E, seq_len, heads, kv_heads, heads // kv_heads, lane_row_stride,
+            scale, scale * LOG2E, seq_len, q_len, q_offset,
+            heads, kv_heads, heads // kv_heads, lane_heads, group, 0 if shared else column.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             lse.stride(0), lse.stride(1),
             **common, **cfg,

@@ -45,7 +45,8 @@ def load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, stri
 
     ``X`` is a pointer (addressed with the four strides, 64-bit offsets) or, with ``USE_TMA``, a 4-D tensor
     descriptor with block ``[1, 1, BLOCK, HEAD_DIM]`` (strides unused; rows past the sequence read as zeros).
-    On the pointer path ``MASKED`` reads rows ``>= seq_len`` as zeros; without it every row must exist."""
+    On the pointer path ``MASKED`` reads rows ``< 0`` or ``>= seq_len`` as zeros; without it every row must
+    exist."""
     if USE_TMA:
         return X.load([batch, head, start, 0]).reshape(BLOCK, HEAD_DIM)
     else:
@@ -53,7 +54,7 @@ def load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, stri
         ptrs = (X + batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h + rows[:, None].to(tl.int64) * stride_s
                 + tl.arange(0, HEAD_DIM)[None, :] * stride_d)
         if MASKED:
-            return tl.load(ptrs, mask=rows[:, None] < seq_len, other=0.0)
+            return tl.load(ptrs, mask=(rows[:, None] >= 0) & (rows[:, None] < seq_len), other=0.0)
         return tl.load(ptrs)
 
 
@@ -61,7 +62,7 @@ def load_tile(X, batch, head, start, seq_len, stride_b, stride_h, stride_s, stri
 def store_tile(X, tile, batch, head, start, seq_len, stride_b, stride_h, stride_s, stride_d,
                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr):
     """Write the ``[BLOCK, HEAD_DIM]`` ``tile``, cast to ``X``'s dtype, to rows ``start .. start + BLOCK`` of
-    lane ``(batch, head)`` of a ``[B, H, S, HEAD_DIM]`` tensor; rows ``>= seq_len`` are not written. ``X`` as
+    lane ``(batch, head)`` of a ``[B, H, S, HEAD_DIM]`` tensor; rows ``< 0`` or ``>= seq_len`` are not written. ``X`` as
     in :func:`load_tile` (the descriptor clips the rows past the sequence)."""
     if USE_TMA:
         X.store([batch, head, start, 0], tile.to(X.dtype).reshape(1, 1, BLOCK, HEAD_DIM))
@@ -69,7 +70,7 @@ def store_tile(X, tile, batch, head, start, seq_len, stride_b, stride_h, stride_
         rows = start + tl.arange(0, BLOCK)
         ptrs = (X + batch.to(tl.int64) * stride_b + head.to(tl.int64) * stride_h + rows[:, None].to(tl.int64) * stride_s
                 + tl.arange(0, HEAD_DIM)[None, :] * stride_d)
-        tl.store(ptrs, tile.to(X.dtype.element_ty), mask=rows[:, None] < seq_len)
+        tl.store(ptrs, tile.to(X.dtype.element_ty), mask=(rows[:, None] >= 0) & (rows[:, None] < seq_len))
 
 
 @triton.jit
@@ -82,8 +83,8 @@ def _attn_fwd_step(
 ):
     """One step of the online softmax: the ``BLOCK_N`` keys from ``start_n`` into the running max ``m_i``
     (base 2), normaliser ``l_i`` and float32 accumulator ``acc`` of the query tile ``q`` (query positions
-    ``offs_m``; ``offs_n = arange(BLOCK_N)``). ``DIAGONAL``: masked loads and the causal mask; else every key
-    precedes every query."""
+    ``offs_m``, absolute; ``offs_n = arange(BLOCK_N)``; ``seq_len``: the key length). ``DIAGONAL``: masked
+    loads and the causal mask; else every key precedes every query."""
     cols = start_n + offs_n
     k = load_tile(K, batch, kv_head, start_n, seq_len, stride_kb, stride_kh, stride_kn, stride_kd,
                   BLOCK_N, HEAD_DIM, USE_TMA, DIAGONAL)
@@ -134,11 +135,13 @@ def _attn_fwd_inner(
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
+@triton.jit(do_not_specialize=["seq_len", "q_len", "q_offset", "first_block", "lane_row_stride", "stride_lb",
+                               "stride_lh"])
 def attention_fwd_kernel(
     Q, K, V, Out, Lse, Offsets, Indices,
     qk_scale,  # softmax scale * log2(e)
-    seq_len, num_heads, kv_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule, else n
+    seq_len, q_len, q_offset, first_block,  # keys, queries, the first query's position, its block
+    num_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -148,26 +151,29 @@ def attention_fwd_kernel(
     RETURN_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
     USE_TMA: tl.constexpr,
 ):
-    """Grid ``(cdiv(S, BLOCK_M), B * H)``: ``Out [B, H, S, D]`` and, with ``RETURN_LSE``, the natural-log
-    ``Lse [B, H, S]`` (float32) of queries ``BLOCK_M * i ..`` of lane ``(b, h)``, reading key/value head
-    ``h // kv_group``. ``Offsets``/``Indices``: int32 CSR rows (sorted, causal, the diagonal last when
-    present), shared (``lane_row_stride = 0``) or ``n`` rows per lane. ``BLOCK_M`` and ``BLOCK_N`` divide
-    ``BLOCK_SIZE``. Q, K, V, Out are descriptors with ``USE_TMA``, else pointers."""
+    """Grid ``(cdiv(S - tile0, BLOCK_M), B * H)`` with ``tile0 = q_offset // BLOCK_M * BLOCK_M``: ``Out
+    [B, H, L, D]`` and, with ``RETURN_LSE``, the natural-log ``Lse [B, H, L]`` (float32) of the queries at
+    absolute positions ``tile0 + BLOCK_M * i ..`` of lane ``(b, h)``, reading key/value head ``h // kv_group``.
+    Query ``j`` of Q sits at absolute position ``q_offset + j`` (``L = q_len`` queries at the end of
+    ``S = seq_len`` keys). ``Offsets``/``Indices``: int32 CSR rows (sorted, causal, the diagonal last when
+    present) of the absolute query blocks ``first_block ..``: shared (``lane_row_stride = 0``) or
+    ``lane_row_stride`` rows per schedule lane ``b * lane_heads + h // lane_group``. ``BLOCK_M`` and
+    ``BLOCK_N`` divide ``BLOCK_SIZE``. Q, K, V, Out are descriptors with ``USE_TMA``, else pointers."""
     # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     lane = tl.program_id(1)
     batch = lane // num_heads
     head = lane % num_heads
     kv_head = head // kv_group
-    start_m = pid_m * BLOCK_M
+    start_m = (q_offset // BLOCK_M) * BLOCK_M + pid_m * BLOCK_M  # absolute position of the tile
     q_block = start_m // BLOCK_SIZE
-    row = lane * lane_row_stride + q_block
+    row = (batch * lane_heads + head // lane_group) * lane_row_stride + q_block - first_block
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
 
-    # -- load the query tile once; running max (base 2), normaliser and accumulator
-    q = load_tile(Q, batch, head, start_m, seq_len, stride_qb, stride_qh, stride_qm, stride_qd,
+    # -- load the query tile once (positions before q_offset read as zeros); max (base 2), normaliser, accumulator
+    q = load_tile(Q, batch, head, start_m - q_offset, q_len, stride_qb, stride_qh, stride_qm, stride_qd,
                   BLOCK_M, HEAD_DIM, USE_TMA, True)
     q = mma_operand(q, UPCAST)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -199,11 +205,13 @@ def attention_fwd_kernel(
 
     # -- normalise and store; the log-sum-exp in natural log for the backward and for merging
     acc = acc / l_i[:, None]
-    store_tile(Out, acc, batch, head, start_m, seq_len, stride_ob, stride_oh, stride_om, stride_od,
+    store_tile(Out, acc, batch, head, start_m - q_offset, q_len, stride_ob, stride_oh, stride_om, stride_od,
                BLOCK_M, HEAD_DIM, USE_TMA)
     if RETURN_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
-        tl.store(Lse + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + offs_m, lse, mask=offs_m < seq_len)
+        offs_q = offs_m - q_offset
+        tl.store(Lse + batch.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + offs_q, lse,
+                 mask=(offs_q >= 0) & (offs_q < q_len))
 
 
 INTERPRETED: bool = isinstance(attention_fwd_kernel, InterpretedFunction)
@@ -255,38 +263,42 @@ def _descriptor(t: torch.Tensor, block_rows: int) -> "TensorDescriptor":
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, t.shape[-1]])
 
 
-def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, offsets: torch.Tensor,
-                                indices: torch.Tensor, block_size: int, shared: bool, scale: float,
+def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, scale: float,
                                 return_lse: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch :func:`attention_fwd_kernel` on inputs already validated by ``scheduled_attention`` (nothing is
     checked here).
 
     Arguments:
-        q: ``[B, H, S, D]``, float16 | bfloat16 | float32, any strides, on CUDA (or the CPU in the interpreter).
-        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``.
-        offsets, indices: the schedule's int32 CSR (``BlockSchedule.offsets`` / ``.indices``) on q's device.
-        block_size: the schedule's block size.
-        shared: True for one row set for every lane, False for one per ``(b, h)`` lane.
+        q: ``[B, H, L, D]``, float16 | bfloat16 | float32, any strides, on CUDA (or the CPU in the interpreter).
+        k, v: ``[B, H_kv, S, D]``, q's dtype and device, ``H % H_kv == 0``, ``L <= S``.
+        schedule: the row :class:`~topo_attn.BlockSchedule` for ``seq_len = S`` and ``q_len = L``, shared or
+            with lanes ``(B, H)`` or ``(B, H_kv)``, on q's device.
         scale: the softmax scale.
         return_lse: also return the log-sum-exp.
         config: overrides :func:`tile_config` (same keys; for tuning and tests).
 
-    Returns ``(out, lse)``: ``out [B, H, S, D]`` in q's dtype (contiguous like ``torch.empty_like(q)``) and
-    ``lse [B, H, S]`` float32 natural log, or ``None`` without ``return_lse``."""
-    batch, heads, seq_len, head_dim = q.shape
+    Returns ``(out, lse)``: ``out [B, H, L, D]`` in q's dtype (contiguous like ``torch.empty_like(q)``) and
+    ``lse [B, H, L]`` float32 natural log, or ``None`` without ``return_lse``."""
+    batch, heads, q_len, head_dim = q.shape
+    seq_len = k.shape[2]
+    block_size = schedule.block_size
     out = torch.empty_like(q)
-    lse = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device) if return_lse else out
+    lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     config = dict(config or tile_config(block_size, head_dim, q.dtype))
-    use_tma = bool(config.pop("TMA", False)) and tma_eligible(q, k, v, out)
-    nb = -(-seq_len // block_size)
-    grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    q_offset = seq_len - q_len
+    # TMA tiles of q and out must start inside the tensor: the first query tile must be aligned
+    use_tma = bool(config.pop("TMA", False)) and q_offset % block_m == 0 and tma_eligible(q, k, v, out)
+    tile0 = q_offset // block_m * block_m
+    grid = (triton.cdiv(seq_len - tile0, block_m), batch * heads)
     tiles = ((_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m))
              if use_tma else (q, k, v, out))
+    lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     attention_fwd_kernel[grid](
-        *tiles, lse, offsets, indices,
+        *tiles, lse, schedule.offsets, schedule.indices,
         scale * LOG2E,
-        seq_len, heads, heads // k.shape[1], 0 if shared else nb,
+        seq_len, q_len, q_offset, schedule.first_query_block,
+        heads, heads // k.shape[1], lane_heads, group, 0 if schedule.lanes is None else schedule.rows_per_lane,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         lse.stride(0), lse.stride(1),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, RETURN_LSE=return_lse,

@@ -19,8 +19,7 @@ class _ScheduledAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float):
         from . import forward  # triton is imported on first use
 
-        out, lse = forward.scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices,
-                                                       schedule.block_size, schedule.is_shared, scale, True)
+        out, lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.schedule, ctx.scale = schedule, scale
         ctx.mark_non_differentiable(lse)
@@ -61,7 +60,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     another length, lanes or device, and a non-finite, zero or non-float scale."""
     from .forward import INTERPRETED  # triton is imported on first use
 
-    shape = check_qkv(q, k, v)
+    shape = check_qkv(q, k, v, shorter_q=True)
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)
     check_kernel_inputs(q, k, v, shape, schedule, INTERPRETED)
@@ -72,8 +71,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     else:
         from . import forward
 
-        out, lse = forward.scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices,
-                                                       schedule.block_size, schedule.is_shared, scale, return_lse)
+        out, lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, return_lse)
     if shape.rank == 2:
         out, lse = out[0, 0], (lse[0, 0] if lse is not None else None)
     return (out, lse) if return_lse else out

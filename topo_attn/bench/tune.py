@@ -66,8 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         results = []
         for config in candidates(bs, D):
             def run():
-                return scheduled_attention_forward(q, k, v, schedule.offsets, schedule.indices, bs, True,
-                                                   D ** -0.5, False, config)[0]
+                return scheduled_attention_forward(q, k, v, schedule, D ** -0.5, False, config)[0]
             try:
                 err = (run()[:, :2, rows].float() - ref).abs().max().item()
                 ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")

@@ -171,7 +171,7 @@ def test_chunked_prefill_is_bottom_right_causal(device):
     assert_close(first.logits, want[:, :50], torch.float32, "first chunk")
     assert_close(second.logits, want[:, 50:], torch.float32, "second chunk")
     stats = tat.last_stats(name)[1]
-    assert (stats.path, stats.q_len, stats.kv_len, stats.visited_fraction) == ("dense decode", 30, 80, 1.0)
+    assert (stats.path, stats.q_len, stats.kv_len, stats.visited_fraction) == ("kernel", 30, 80, 1.0)
 
 
 def test_generate_dense_gives_the_tokens_of_sdpa(device):
@@ -183,14 +183,76 @@ def test_generate_dense_gives_the_tokens_of_sdpa(device):
     want = model.generate(ids, **kwargs)
     model.set_attn_implementation(name)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", tat.DenseDecodeWarning)  # dense decode is what "dense" asks for
+        warnings.simplefilter("error", tat.DenseDecodeWarning)
         got = model.generate(ids, **kwargs)
     assert want.shape == (2, 52)
     assert torch.equal(got, want)
+    stats = tat.last_stats(name)[0]
+    assert (stats.path, stats.q_len, stats.kv_len, stats.visited_fraction) == ("decode kernel", 1, 51, 1.0)
 
 
-def test_generate_sparse_runs_and_warns_once(device):
-    name = tat.register(selector="centroid", block_size=BLOCK, budget=1, name="topo_generate")
+def register_step_reference(settings: tat.Settings, schedules: list):
+    """A test-only backend under :data:`REFERENCE`: the schedules the kit's backend would build (the selection
+    harness for whole sequences, :func:`tat.step_schedule` for steps with fewer queries than keys), the
+    attention by ``dense_masked_attention`` in float64. Records each step's schedule."""
+
+    def reference(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if query.shape[-2] == key.shape[-2]:
+            schedule = tat.schedule_for(settings, module.layer_idx, query, key, scaling)
+        else:
+            schedule = tat.step_schedule(settings, module.layer_idx, query, key)
+        schedules.append(schedule)
+        out = ta.dense_masked_attention(query.double(), key.double(), value.double(), schedule, scale=scaling)
+        return out.to(query.dtype).transpose(1, 2).contiguous(), None
+
+    transformers.AttentionInterface.register(REFERENCE, reference)
+    from transformers.masking_utils import AttentionMaskInterface
+    from functools import partial
+    AttentionMaskInterface.register(REFERENCE, partial(tat.plain_causal_mask, REFERENCE))
+
+
+@pytest.mark.parametrize("selector,budget", [("quest", 1), ("topology", 1), ("centroid", 2)])
+def test_generate_sparse_steps_equal_the_reference(selector, budget, device):
+    """Greedy generation with a TopoCache: every step's logits equal the float64 reference run with that
+    step's schedule (one row-set per key/value head), and no step falls back to dense attention."""
+    from topo_attn.integrations.cache import TopoCache
+
+    name = tat.register(selector=selector, block_size=BLOCK, budget=budget, name="topo_generate")
+    model = tiny_llama(torch.float32, device)
+    ids = token_ids(1, 70, device)
+    kwargs = dict(max_new_tokens=16, do_sample=False, pad_token_id=0, output_logits=True,
+                  return_dict_in_generate=True)
+    model.set_attn_implementation(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tat.DenseDecodeWarning)
+        got = model.generate(ids, past_key_values=TopoCache(), **kwargs)
+    stats = tat.last_stats(name)[0]
+    assert (stats.path, stats.kv_len) == ("decode kernel", 85) and stats.visited_fraction < 1.0
+    assert stats.blocks_read == (1 if 85 % BLOCK == 0 else 0)  # the cache kept the earlier blocks' statistics
+    schedules = []
+    register_step_reference(tat.registered(name), schedules)
+    model.set_attn_implementation(REFERENCE)
+    want = model.generate(ids, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        assert_close(a.float(), b.float(), torch.float32, f"step {step}")
+    steps = [s for s in schedules if s.q_len == 1]
+    assert len(steps) == 15 * 2 and all(s.lanes == (1, 2) for s in steps)
+    assert any(s.nnz < s.counts().causal_blocks for s in steps)
+
+
+def test_generate_without_topo_cache_reads_every_block(device):
+    """With transformers' DynamicCache the same schedules come from statistics of every cached block."""
+    name = tat.register(selector="quest", block_size=BLOCK, budget=1, name="topo_generate")
+    model = tiny_llama(torch.float32, device)
+    ids = token_ids(1, 70, device)
+    model.set_attn_implementation(name)
+    model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert tat.last_stats(name)[0].blocks_read == 72 // BLOCK
+
+
+def test_generate_without_incremental_form_warns_once(device):
+    name = tat.register(selector="oracle", block_size=BLOCK, budget=1, name="topo_generate")
     model = tiny_llama(torch.float32, device)
     ids = token_ids(1, 48, device)
     model.set_attn_implementation(name)
@@ -200,12 +262,27 @@ def test_generate_sparse_runs_and_warns_once(device):
         again = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
     ours = [w for w in caught if issubclass(w.category, tat.DenseDecodeWarning)]
     assert len(ours) == 1, [str(w.message) for w in ours]
-    assert "densely" in str(ours[0].message) and "'centroid'" in str(ours[0].message)
+    assert "densely" in str(ours[0].message) and "'oracle'" in str(ours[0].message)
     assert out.shape == (1, 54) and torch.equal(again, out[:, :51])
     assert tat.last_stats(name)[0].path == "dense decode"
     with pytest.warns(tat.DenseDecodeWarning):  # registering again arms the warning again
-        tat.register(selector="centroid", block_size=BLOCK, budget=1, name="topo_generate")
+        tat.register(selector="oracle", block_size=BLOCK, budget=1, name="topo_generate")
         model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+
+
+def test_topo_cache_forgets_on_crop_and_reorder(device):
+    from topo_attn.integrations.cache import TopoCache
+
+    cache = TopoCache()
+    keys = torch.randn(2, 2, 40, 16)
+    got, _ = cache.update(keys, keys, 0)
+    stats = getattr(got, tat.BLOCK_STATS_ATTRIBUTE)(BLOCK).update(got)
+    assert stats is cache.stats(0, BLOCK) and stats.complete == 2
+    cache.reorder_cache(torch.tensor([1, 0]))
+    assert stats.complete == 0 and stats.centroids is None
+    stats.update(cache.layers[0].keys)
+    cache.crop(-20)  # drop 20 tokens (the form both transformers 5.17 and 5.25 take)
+    assert stats.complete == 0
 
 
 # ------------------------------------------------------------------------------------------------ backward

@@ -22,10 +22,17 @@ What the attention function does, per layer and call (query ``[B, Hq, q_len, D]`
   and for the layers in ``dense_layers`` every causal block), then :func:`topo_attn.scheduled_attention` runs
   the Triton kernels forward and, with gradients, backward.
 - ``q_len < kv_len`` (generation with a KV cache, chunked prefill): the queries sit at absolute positions
-  ``kv_len - q_len + i`` (bottom-right causal alignment). The kit has no decode path yet, so these steps are
-  computed densely over the whole cache with torch's ``scaled_dot_product_attention`` and a boolean
-  bottom-right causal mask: the exact causal result, not the sparse one. With a sparse selector a
-  :class:`DenseDecodeWarning` says so, once per registration.
+  ``kv_len - q_len + i`` (bottom-right causal alignment). The step's schedule covers the query blocks the new
+  queries touch: every causal block for a dense layer, else
+  :func:`topo_attn.selection.incremental.select_for_queries` (one row-set per key/value head, scored from the
+  step's queries against per-block statistics of the cache), and :func:`topo_attn.scheduled_attention` runs it
+  (its split-K decode kernel for ``q_len <= 16``). The block statistics are read from a
+  :class:`topo_attn.integrations.cache.TopoCache` (``model.generate(..., past_key_values=TopoCache())``), which
+  computes them once per completed block; with another cache they are computed from every cached key at each
+  step (the same schedule, slower). The selectors without an incremental form (``oracle``, ``cluster``,
+  ``cluster_centroid``) compute such steps densely over the whole cache (torch's SDPA with a bottom-right
+  causal mask: the exact causal result, not the sparse one), and a :class:`DenseDecodeWarning` says so, once
+  per registration.
 
 Raises ``ValueError`` (rather than answering wrongly) for: a padding mask with any zero (left or right padding,
 batched generation of prompts of different lengths), packed sequences (``position_ids`` that restart), a 4-D
@@ -53,9 +60,11 @@ from .._checks import check_int, check_kernel_block_size
 from ..attention import scheduled_attention
 from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
+from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
-__all__ = ["SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings", "check_attention_call",
-           "check_backend_name", "last_stats", "plain_causal_mask", "register", "registered", "schedule_for"]
+__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings",
+           "check_attention_call", "check_backend_name", "last_stats", "plain_causal_mask", "register", "registered",
+           "schedule_for", "step_schedule", "visited_totals"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -68,7 +77,11 @@ RESERVED_PARTS = ("flash", "sdpa", "flex_attention", "/", "|")
 
 class DenseDecodeWarning(UserWarning):
     """A step with fewer queries than keys (decode, chunked prefill) was computed densely over the cache,
-    without the registered sparse schedule."""
+    without the registered sparse schedule (a selector with no incremental form)."""
+
+BLOCK_STATS_ATTRIBUTE = "topo_block_stats"
+"""The attribute of a key tensor handed to the attention function under which a cache
+(:class:`topo_attn.integrations.cache.TopoCache`) puts a function ``block_size -> KeyBlockStats`` for that layer."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,9 @@ class LayerStats:
     """One layer's last call. ``scheduled_blocks`` and ``causal_blocks`` count (query block, key block) pairs
     over all lanes (``lanes`` = batch x query heads) of the query blocks the call computed;
     ``visited_fraction = scheduled_blocks / causal_blocks`` (1.0 for a dense layer and for a dense decode
-    step). ``path``: ``"kernel"`` (the Triton kernels) or ``"dense decode"`` (``q_len < kv_len``)."""
+    step). ``path``: ``"kernel"`` (the Triton kernels), ``"decode kernel"`` (``q_len <= 16 < kv_len``: the
+    split-K decode kernel) or ``"dense decode"`` (``q_len < kv_len`` with a selector without an incremental
+    form). ``blocks_read``: key blocks whose statistics were computed in this call (0 when a cache kept them)."""
 
     visited_fraction: float
     scheduled_blocks: int
@@ -103,6 +118,7 @@ class LayerStats:
     q_len: int
     kv_len: int
     path: str
+    blocks_read: int = 0
 
 
 @dataclass
@@ -112,6 +128,7 @@ class _Backend:
 
     settings: Settings
     stats: dict = field(default_factory=dict)
+    totals: dict = field(default_factory=dict)
     warned: bool = False
     dense_schedules: dict = field(default_factory=dict)
 
@@ -204,6 +221,14 @@ def registered(name: str = "topo_attn") -> Settings:
     return _REGISTRY[name].settings
 
 
+def visited_totals(name: str = "topo_attn") -> dict[str, tuple[int, int, int]]:
+    """Per path (``"kernel"``, ``"decode kernel"``, ``"dense decode"``), ``(scheduled_blocks, causal_blocks,
+    calls)`` summed over every layer call under ``name`` since it was (re-)registered: the visited fraction of
+    a whole generation. Raises ``KeyError`` for a name never registered."""
+    registered(name)
+    return dict(_REGISTRY[name].totals)
+
+
 def last_stats(name: str = "topo_attn") -> dict[int | None, LayerStats]:
     """Per layer index (``module.layer_idx``), the :class:`LayerStats` of that layer's last call under
     ``name`` (a copy; empty before the first forward). Raises ``KeyError`` for a name never registered."""
@@ -230,15 +255,35 @@ def schedule_for(settings: Settings, layer_idx: int | None, query: torch.Tensor,
                       settings.window, settings.budget, **options)
 
 
-def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device) -> BlockSchedule:
-    """The dense causal schedule for ``seq_len`` on ``device``, kept for reuse (a few per backend)."""
-    key = (seq_len, str(device))
+def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len: int | None = None) -> BlockSchedule:
+    """The dense causal schedule for ``seq_len`` keys (and ``q_len`` queries at the end) on ``device``, kept for
+    reuse (a few per backend)."""
+    key = (seq_len, q_len, str(device))
     schedule = backend.dense_schedules.get(key)
     if schedule is None:
         if len(backend.dense_schedules) >= _DENSE_CACHE_SIZE:
             backend.dense_schedules.pop(next(iter(backend.dense_schedules)))
-        schedule = backend.dense_schedules[key] = dense_causal_schedule(seq_len, backend.settings.block_size, device)
+        schedule = backend.dense_schedules[key] = dense_causal_schedule(seq_len, backend.settings.block_size, device,
+                                                                        q_len)
     return schedule
+
+
+def step_schedule(settings: Settings, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
+                  stats: KeyBlockStats | None = None) -> BlockSchedule:
+    """The schedule of a step with fewer queries than keys, ``query [B, Hq, L, D]`` at the end of
+    ``key [B, Hkv, S, D]``: every causal block of the query blocks the step touches (shared) when
+    ``settings.is_dense(layer_idx)``, else :func:`~topo_attn.selection.incremental.select_for_queries` with the
+    settings (one row-set per key/value head), reading ``stats`` (computed from ``key`` when None). Raises
+    ``ValueError`` for a selector without an incremental form (see the module docstring)."""
+    if settings.is_dense(layer_idx):
+        return dense_causal_schedule(key.shape[-2], settings.block_size, query.device, query.shape[-2])
+    if settings.selector not in INCREMENTAL_SELECTORS:
+        raise ValueError(f"selector {settings.selector!r} has no incremental form for steps with fewer queries "
+                         f"than keys; expected one of {list(INCREMENTAL_SELECTORS)}")
+    with torch.no_grad():
+        return select_for_queries(settings.selector, query.detach(), key.detach(), settings.block_size,
+                                  settings.sinks, settings.window, settings.budget, stats,
+                                  int(settings.options.get("seed", 0)))
 
 
 def _causal_block_pairs(first_row: int, last_row: int) -> int:
@@ -313,6 +358,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[-2]
     bs = settings.block_size
+    blocks_read = 0
     if q_len == kv_len:
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         if settings.is_dense(layer_idx):
@@ -323,13 +369,28 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
         counts, per_lane_set = schedule.counts(), batch * heads // schedule.num_lanes
         scheduled, causal = counts.scheduled_blocks * per_lane_set, counts.causal_blocks * per_lane_set
         path = "kernel"
+    elif q_len < kv_len and (settings.is_dense(layer_idx) or settings.selector in INCREMENTAL_SELECTORS):
+        from ..attention.decode import MAX_DECODE_QUERIES  # triton is imported by now
+
+        if settings.is_dense(layer_idx):
+            schedule = _dense_schedule(backend, kv_len, query.device, q_len)
+        else:
+            stats = _block_stats(key, bs)
+            before = stats.blocks_read
+            schedule = step_schedule(settings, layer_idx, query, key, stats)
+            blocks_read = stats.blocks_read - before
+        out = scheduled_attention(query, key, value, schedule, scale=scaling)
+        counts, per_lane_set = schedule.counts(), batch * heads // schedule.num_lanes
+        scheduled, causal = counts.scheduled_blocks * per_lane_set, counts.causal_blocks * per_lane_set
+        path = "decode kernel" if q_len <= MAX_DECODE_QUERIES else "kernel"
     elif q_len < kv_len:
-        if not backend.warned and not settings.is_dense(None):
+        if not backend.warned:
             backend.warned = True
             warnings.warn(
-                f"attn_implementation {name!r}: steps with fewer queries than keys (decode with a KV cache, "
-                f"chunked prefill) are computed densely over the cache (exact causal attention, not the "
-                f"{settings.selector!r} schedule) until the kit has its own decode path; warned once",
+                f"attn_implementation {name!r}: selector {settings.selector!r} has no incremental form, so steps "
+                f"with fewer queries than keys (decode with a KV cache, chunked prefill) are computed densely over "
+                f"the cache (exact causal attention, not the sparse schedule); the selectors "
+                f"{list(INCREMENTAL_SELECTORS)} decode sparsely; warned once",
                 DenseDecodeWarning, stacklevel=3)
         out = _dense_bottom_right(query, key, value, scaling)
         first, last = (kv_len - q_len) // bs, (kv_len - 1) // bs
@@ -337,8 +398,18 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
         path = "dense decode"
     else:
         raise ValueError(f"attn_implementation {name!r}: more queries ({q_len}) than keys ({kv_len})")
-    backend.stats[layer_idx] = LayerStats(scheduled / causal, scheduled, causal, batch * heads, q_len, kv_len, path)
+    backend.stats[layer_idx] = LayerStats(scheduled / causal, scheduled, causal, batch * heads, q_len, kv_len, path,
+                                          blocks_read)
+    done = backend.totals.get(path, (0, 0, 0))
+    backend.totals[path] = (done[0] + scheduled, done[1] + causal, done[2] + 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _block_stats(key: torch.Tensor, block_size: int) -> KeyBlockStats:
+    """The layer's block statistics kept by the cache (:data:`BLOCK_STATS_ATTRIBUTE` on the key tensor), else
+    fresh ones (computed from every cached key)."""
+    getter = getattr(key, BLOCK_STATS_ATTRIBUTE, None)
+    return getter(block_size) if getter is not None else KeyBlockStats(block_size)
 
 
 def _dense_bottom_right(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -1,5 +1,6 @@
-"""``python -m topo_attn.lm train|evaluate|research``: train the kit's byte-level language model, evaluate a
-causal LM with every selector, or try the topology-aware research selectors (see :mod:`topo_attn.lm`)."""
+"""``python -m topo_attn.lm train|evaluate|research|passkey``: train the kit's byte-level language model,
+evaluate a causal LM with every selector, try the topology-aware research selectors, or answer the passkey probe
+by generation through the decode path (see :mod:`topo_attn.lm`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="perplexity, retrieval, recall and speed for every selector (its own --help)")
     commands.add_parser("research", add_help=False,
                         help="recall of the topology-aware research selectors against the baselines (its own --help)")
+    commands.add_parser("passkey", add_help=False,
+                        help="the passkey probe answered by generate() through the decode path (its own --help)")
 
     argv = sys.argv[1:] if argv is None else list(argv)
     triton_mode()  # without a GPU, the kit's kernels run in Triton's interpreter (set before triton loads)
@@ -39,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["research"]:
         from .research import main as research_main
         return research_main(argv[1:])
+    if argv[:1] == ["passkey"]:
+        from .generation import main as passkey_main
+        return passkey_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "train":
         from .train import train as run_train

@@ -11,7 +11,8 @@ class Case:
     """One benchmark shape: ``batch x heads`` query lanes of ``seq_len`` tokens and ``head_dim`` (``kv_heads``
     key/value heads, fewer than ``heads`` for grouped-query attention), blocks of ``block_size`` tokens, the
     torch dtype named by ``dtype``, and the schedule rule (``window``, ``sinks``, ``topk``). ``topk=None`` means
-    #22's choice, ``num_blocks // 8`` (at least 1)."""
+    #22's choice, ``num_blocks // 8`` (at least 1). In the ``decode`` suite the query is one token (the last
+    position) and ``seq_len`` is the key/value length."""
 
     name: str
     batch: int
@@ -32,6 +33,13 @@ def llm_case(S: int, block: int, B: int = 1, H: int = 32, H_kv: int = 32, D: int
     return Case(f"B{B} H{H}{kv} S{S // 1024}k D{D} b{block}", B, H, H_kv, S, D, block, "bfloat16")
 
 
+def decode_case(N: int, block: int, B: int = 1, H: int = 32, H_kv: int = 8, D: int = 128) -> Case:
+    """A bf16 decode case: one query token against ``N`` keys and values (``seq_len=N``), named like the llm
+    cases with ``q1`` and the key/value length, e.g. ``B8 H32 kv8 q1 S128k D128 b64``."""
+    kv = "" if H_kv == H else f" kv{H_kv}"
+    return Case(f"B{B} H{H}{kv} q1 S{N // 1024}k D{D} b{block}", B, H, H_kv, N, D, block, "bfloat16")
+
+
 BUILD_LENGTHS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 """Sequence lengths of the ``build`` suite (B=1, H=32, D=128, blocks of 64 and 128)."""
 
@@ -50,5 +58,8 @@ SUITES: dict[str, list[Case]] = {
     # a 1B-shaped Llama's 16k prefill through transformers: SDPA, FlexAttention and the kit's backend
     # (topo_attn.bench.model; heads, kv heads and head dim here, the rest of the shape in model.LLAMA_1B)
     "model": [Case("Llama-1B-shape B1 S16k b64", 1, 32, 8, 16384, 64, 64, "bfloat16")],
+    # one query token against a 32k / 128k key/value cache: the split-K decode path against SDPA's and
+    # FlexAttention's dense decoding, dense and 1/8 schedules (topo_attn.bench.decode)
+    "decode": [decode_case(N, 64, B=B) for B in (1, 8) for N in (32768, 131072)],
 }
 """Suite name -> its cases, in the order they run."""

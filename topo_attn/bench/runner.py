@@ -1,12 +1,15 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode``.
 
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
-``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, with a progress bar on stderr naming
-the case that runs (``--no-progress`` turns it off). Prints the suite's markdown table on stdout and writes JSON (the
-GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
-``topo_attn/`` had uncommitted changes (:func:`~topo_attn.bench.results.code_version`), the optional note, one
-row per case and the table) to ``--out`` or ``data/benchmarks/<suite>_<gpu>.json`` in the repository
-(:data:`~topo_attn.bench.results.RESULTS_DIR`).
+``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, ``decode`` (one query token
+against a 32k / 128k key/value cache, the kit's decode path against SDPA and FlexAttention, with the HBM
+bandwidth reached and the suite's goals), with a progress bar on stderr naming the case that runs
+(``--no-progress`` turns it off; ``--no-flex`` leaves FlexAttention out of ``llm``, ``train``, ``model`` and
+``decode``). Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch and triton
+versions, the exact command, the date, the commit of the code with whether ``topo_attn/`` had uncommitted
+changes (:func:`~topo_attn.bench.results.code_version`), the optional note, the rows of every case (one per
+case, or one per implementation in ``model`` and per timed path in ``decode``) and the table) to ``--out`` or
+``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
+from .decode import decode_markdown, run_decode_case
 from .kernel import kernel_markdown, run_kernel_case
 from .model import calls_median_ms, model_markdown, run_model_case
 from .results import RESULTS_DIR, code_version
@@ -84,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
             found = run_select_case(case, median_ms)
         elif args.suite == "model":
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex)
+        elif args.suite == "decode":
+            found = run_decode_case(case, median_ms, with_flex=not args.no_flex)
         else:
             found = run_kernel_case(case, args.suite, median_ms, with_flex=not args.no_flex)
         torch.cuda.empty_cache()
         return found
 
     rows = run_cases(cases, run_case, progress=not args.no_progress, description=f"suite {args.suite}")
-    tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown}
+    tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
+              "decode": decode_markdown}
     table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
     print(table)
     given = argv if argv is not None else sys.argv[1:]

@@ -141,3 +141,24 @@ def test_two_dimensional_suffix(device):
     visible = torch.ones(5, 70, dtype=torch.bool, device=device).tril(65)
     scores = ((q.double() @ k.double().T) / 4.0).masked_fill(~visible, float("-inf"))
     torch.testing.assert_close(out.double(), torch.softmax(scores, dim=-1) @ v.double(), atol=2e-5, rtol=2e-5)
+
+
+def test_decode_steps_take_the_decode_kernel(device, monkeypatch):
+    """Without gradients, a few queries at the end of the keys go to the split-K decode kernel (equal to the
+    reference); a whole sequence, more than 16 queries, or gradients go to the forward kernel."""
+    import topo_attn.attention.decode as decode
+
+    calls = []
+    launch = decode.scheduled_decode_forward
+    monkeypatch.setattr(decode, "scheduled_decode_forward", lambda *a, **kw: calls.append(a[2].shape) or launch(*a, **kw))
+    _, k, v = inputs((1,), (1, 2, 90, 32), torch.float32, device, seed=11)
+    for q_len, grad, taken in ((1, False, True), (16, False, True), (17, False, False), (90, False, False),
+                               (4, True, False)):
+        q = torch.randn(1, 4, q_len, 32, generator=torch.Generator().manual_seed(q_len)).to(device)
+        schedule = random_schedule(torch.Generator().manual_seed(q_len), 90, 16, (1, 2), device=device, q_len=q_len)
+        calls.clear()
+        with torch.set_grad_enabled(grad):
+            out = ta.scheduled_attention(q.requires_grad_(grad), k, v, schedule)
+        assert bool(calls) == taken, (q_len, grad)
+        ref = ta.dense_masked_attention(q.detach().double(), k.double(), v.double(), schedule)
+        torch.testing.assert_close(out.detach().double(), ref, atol=2e-5, rtol=2e-5)

@@ -36,19 +36,32 @@ class _ScheduledAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def _decode_queries() -> int:
+    from .decode import MAX_DECODE_QUERIES
+
+    return MAX_DECODE_QUERIES
+
+
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
                         scale: float | None = None, return_lse: bool = False):
     """Causal softmax attention over the key blocks that ``schedule`` lists for each query block, computed
     by Triton kernels (on CUDA, or in Triton's interpreter on the CPU when ``TRITON_INTERPRET=1`` was set
     before triton was imported).
 
-    q: ``[S, D]`` or ``[B, H, S, D]`` (float16 | bfloat16 | float32); k, v: ``[S, D]`` or
-    ``[B, H_kv, S, D]`` with ``H % H_kv == 0`` (grouped-query attention); D in {16, 32, 64, 128, 256}; any
-    S. schedule: a :class:`BlockSchedule` for sequence length S, shared or with lanes ``(B, H)``, on q's
-    device, block size a power of two >= 16. scale: defaults to ``1 / sqrt(D)``.
+    q: ``[L, D]`` or ``[B, H, L, D]`` (float16 | bfloat16 | float32); k, v: ``[S, D]`` or
+    ``[B, H_kv, S, D]`` with ``H % H_kv == 0`` (grouped-query attention) and ``L <= S``; D in
+    {16, 32, 64, 128, 256}; any lengths. Query ``i`` sits at position ``S - L + i`` (bottom-right causal; ``L ==
+    S`` for a whole sequence). schedule: a :class:`BlockSchedule` for ``seq_len = S`` and ``q_len = L``, shared
+    or with lanes ``(B, H)`` or ``(B, H_kv)``, on q's device, block size a power of two >= 16. scale: defaults
+    to ``1 / sqrt(D)``.
+
+    Kernels: the forward kernel (one program per query tile), or, for decode steps (``L < S`` and
+    ``L <=`` :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16) without gradients, the split-K decode
+    kernel (the scheduled key blocks of each lane spread over programs, the query heads of a
+    key/value head packed in one tile when the schedule is shared or per key/value head).
 
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
-    log, float32, ``[S]`` or ``[B, H, S]``). Equal to :func:`dense_masked_attention` up to rounding.
+    log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.
 
     Differentiable w.r.t. q, k and v (a Triton backward pass; gradients come back in the inputs' shapes and
     dtypes, deterministic bit for bit). The schedule carries no gradient, and the returned log-sum-exp is
@@ -56,8 +69,9 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     not supported and raise.
 
     Raises ``TypeError`` / ``ValueError`` naming the argument, before any launch, for bad shapes, dtypes,
-    devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, a schedule built for
-    another length, lanes or device, and a non-finite, zero or non-float scale."""
+    devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, k shorter than q, a
+    schedule built for another key or query length, lanes or device, and a non-finite, zero or non-float
+    scale."""
     from .forward import INTERPRETED  # triton is imported on first use
 
     shape = check_qkv(q, k, v, shorter_q=True)
@@ -68,6 +82,13 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
         q, k, v = q[None, None], k[None, None], v[None, None]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale)
+    elif shape.seq_len < shape.kv_len and shape.seq_len <= _decode_queries():
+        from . import decode  # a few queries at the end of the keys: the split-K decode kernel
+
+        out, lse = decode.scheduled_decode_forward(q, k, v, schedule.offsets, schedule.indices, schedule.block_size,
+                                                   schedule.first_query_block,
+                                                   0 if schedule.lanes is None else schedule.lanes[1], scale,
+                                                   return_lse)
     else:
         from . import forward
 

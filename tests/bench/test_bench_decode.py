@@ -140,11 +140,13 @@ def test_decode_markdown_marks_the_goals_on_their_rows():
 
 def test_runner_runs_the_decode_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     from topo_attn.bench import runner
-    from topo_attn.bench.timing import median_ms
+    from topo_attn.bench.timing import graph_median_ms, median_ms
 
+    timing_median_ms = median_ms
     seen = []
 
-    def fake(case, median_ms, with_flex=True):
+    def fake(case, median_ms, with_flex=True, select_step=None, select_timer=None):
+        assert callable(select_step) and select_timer is timing_median_ms
         seen.append((case.name, median_ms, with_flex))
         return [_row("ours 1/8", 0.3, case=case.name)]
 
@@ -159,6 +161,12 @@ def test_runner_runs_the_decode_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     data = json.loads(out.read_text())
     assert data["suite"] == "decode" and len(data["rows"]) == 2
     assert data["table"] == decode_markdown([_row("ours 1/8", 0.3, case=name) for name, *_ in seen])
+    assert {row["timer"] for row in data["rows"]} == {"eager"}
+    seen.clear()
+    assert runner.main(["--suite", "decode", "--cases", "S128k", "--no-flex", "--out", str(out), "--no-progress",
+                        "--timer", "graph"]) == 0
+    assert [timer for _, timer, _ in seen] == [graph_median_ms] * len(seen) and seen
+    assert json.loads(out.read_text())["rows"][0]["timer"] == "cuda graph replay"
 
 
 @needs_decode_api

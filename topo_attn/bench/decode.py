@@ -224,15 +224,34 @@ def flex_decoders(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 
 
 # -------------------------------------------------------------------------------------------------- a case
+def quest_step(case: Case, sinks: int = 1, window: int = 1) -> Callable:
+    """A decode step's block selection for ``case``, ``select_step(q, k)``: Quest's bound per key/value head
+    (:func:`~topo_attn.selection.incremental.select_for_queries`) with statistics kept across calls (a
+    :class:`~topo_attn.selection.incremental.KeyBlockStats`, as a ``TopoCache`` keeps them: the first call reads
+    every complete block, later calls none), at the ``1/8`` schedule's size (``nb // 8`` blocks per row: the
+    sinks, the window with the current block, and the rest chosen)."""
+    from ..schedule import num_blocks
+    from ..selection.incremental import KeyBlockStats, select_for_queries
+
+    stats = KeyBlockStats(case.block_size)
+    budget = max(0, num_blocks(case.seq_len, case.block_size) // 8 - sinks - window - 1)
+
+    def select_step(q: torch.Tensor, k: torch.Tensor):
+        return select_for_queries("quest", q, k, case.block_size, sinks, window, budget, stats)
+    return select_step
+
+
 def run_decode_case(case: Case, median_ms: Callable, with_flex: bool = True, device: str = "cuda",
                     select_step: Callable | None = None, copy_tbps: float | None = None,
-                    peak_tbps: float = HBM_PEAK_TBPS, seed: int = 20260705) -> list[dict]:
+                    peak_tbps: float = HBM_PEAK_TBPS, seed: int = 20260705,
+                    select_timer: Callable | None = None) -> list[dict]:
     """Rows (one per timed path of :data:`PATHS`, the FlexAttention ones only ``with_flex``) for ``case`` (its
     ``seq_len`` is the key/value length; one query token) on ``device``. ``median_ms(fn)`` times a call.
     ``select_step(q, k)``, when given, is timed as ``select_ms``. ``copy_tbps``: the device's copy
     bandwidth, measured with :func:`device_copy_tbps` (once per process) when None; pass a number to skip
     the measurement (NaN: no ``copy_fraction``). ``peak_tbps``: the bandwidth ``peak_fraction`` is over.
-    ``seed`` draws the inputs and the ``1/8`` blocks.
+    ``seed`` draws the inputs and the ``1/8`` blocks. ``select_timer`` times ``select_step`` (default
+    ``median_ms``; a selection syncs with the host, so it cannot be timed as a CUDA graph).
 
     Needs the kit's decode API: ``dense_causal_schedule(..., q_len=1)``, ``BlockSchedule.from_block_mask(...,
     q_len=1)`` with lanes ``(B, H_kv)``, and :func:`~topo_attn.scheduled_attention` /
@@ -314,7 +333,7 @@ def run_decode_case(case: Case, median_ms: Callable, with_flex: bool = True, dev
             peak_fraction=None if tbps is None else tbps / peak_tbps,
             copy_fraction=None if tbps is None else tbps / copy_tbps, max_abs_error=err,
             error_reference="dense_masked_attention float32" if path.endswith(SPARSE) else "sdpa float32")
-    select_ms = None if select_step is None else median_ms(lambda: select_step(q, k))
+    select_ms = None if select_step is None else (select_timer or median_ms)(lambda: select_step(q, k))
 
     def ms_of(path: str) -> float | None:
         return results[path]["ms"] if path in results else None

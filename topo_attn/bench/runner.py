@@ -25,12 +25,12 @@ import torch
 
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
-from .decode import decode_markdown, run_decode_case
+from .decode import decode_markdown, quest_step, run_decode_case
 from .kernel import kernel_markdown, run_kernel_case
 from .model import calls_median_ms, model_markdown, run_model_case
 from .results import RESULTS_DIR, code_version
 from .select import run_select_case, select_markdown
-from .timing import median_ms
+from .timing import graph_median_ms, median_ms
 from .train import run_train_case, train_markdown
 
 __all__ = ["SUITES", "main", "run_cases"]
@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--timer", choices=("eager", "graph"), default="eager",
+                        help="decode suite: time each call eagerly (host launch path included) or as a CUDA graph "
+                             "replay (the GPU's time, as a captured decode loop runs it)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/", file=sys.stderr)
@@ -89,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "model":
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex)
         elif args.suite == "decode":
-            found = run_decode_case(case, median_ms, with_flex=not args.no_flex)
+            timer = graph_median_ms if args.timer == "graph" else median_ms
+            found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),
+                                    select_timer=median_ms)
+            for row in found:
+                row["timer"] = "cuda graph replay" if args.timer == "graph" else "eager"
         else:
             found = run_kernel_case(case, args.suite, median_ms, with_flex=not args.no_flex)
         torch.cuda.empty_cache()

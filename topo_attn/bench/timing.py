@@ -19,6 +19,25 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 3
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def graph_median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:
+    """Median time in milliseconds of replaying a CUDA graph that holds one call of ``fn()`` (captured after
+    three eager calls on a side stream), by ``triton.testing.do_bench`` (the L2 cache is flushed between
+    replays). The GPU's time for the call without the host's launch path: what a decode loop captured in a
+    graph (as serving engines run it) pays. ``fn`` must not synchronise with the host. Needs a CUDA GPU."""
+    import triton
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
 def visited_pairs(schedule) -> int:
     """Token pairs the kernel computes per lane for ``schedule`` (a :class:`~topo_attn.schedule.BlockSchedule`):
     every query row of an off-diagonal scheduled block against all of its ``block_size`` keys, plus the causal

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import DEVICE  # in tests/: CUDA with the compiled kernels, else the CPU (interpreter)
 from topo_attn.lm import generation
 from topo_attn.lm.train import probe_set
 
@@ -35,18 +36,18 @@ def model_dir(tmp_path_factory):
 
 def _args(model_dir, **overrides):
     args = dict(model=str(model_dir), eval_set=None, documents=4, length=None, probes=2, selectors=["quest"],
-                budgets=[1], block_size=16, sinks=1, window=1, seed=1, device="cpu", dtype="float32", out=None,
+                budgets=[1], block_size=16, sinks=1, window=1, seed=1, device=DEVICE, dtype="float32", out=None,
                 progress=False)
     args.update(overrides)
     return SimpleNamespace(**args)
 
 
 def test_generated_value_is_the_greedy_continuation(model_dir):
-    model = generation.load_model(model_dir, "cpu", torch.float32)
+    model = generation.load_model(model_dir, DEVICE, torch.float32)
     docs = np.load(model_dir / "eval_set.npz")["documents"]
     probe = probe_set(docs, [172], 1, seed=3)[0]
     value, seconds = generation.generate_value(model, probe)
-    ids = torch.from_numpy(probe.ids[None, :int(probe.targets[0])].astype(np.int64))
+    ids = torch.from_numpy(probe.ids[None, :int(probe.targets[0])].astype(np.int64)).to(DEVICE)
     with torch.no_grad():
         for _ in range(len(probe.targets)):  # greedy, one byte at a time, no cache
             ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
@@ -71,7 +72,7 @@ def test_dense_decode_generates_what_sdpa_generates(model_dir):
     from topo_attn.integrations import transformers as tat
     from topo_attn.integrations.cache import TopoCache
 
-    model = generation.load_model(model_dir, "cpu", torch.float32)
+    model = generation.load_model(model_dir, DEVICE, torch.float32)
     docs = np.load(model_dir / "eval_set.npz")["documents"]
     for probe in probe_set(docs, [172], 2, seed=4):
         model.set_attn_implementation("sdpa")

@@ -3,6 +3,8 @@
 ``corpus`` (the Python sources this machine has, split by a hash of each file's name), ``probe`` (key lines
 copied from far back: the passkey probe and the training documents that teach copying), ``evaluate`` (loss by
 position, bits per byte, passkey scores), ``train`` (``python -m topo_attn.lm train``), ``study``
-(``python -m topo_attn.lm evaluate``: every selector at several budgets). Needs transformers (the ``lm`` extra);
+(``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
+selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
+passkey probe answered by ``generate()`` through the decode path). Needs transformers (the ``lm`` extra);
 ``import topo_attn`` does not import this package.
 """

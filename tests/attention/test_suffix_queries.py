@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import topo_attn as ta
+from topo_attn import selection
 from helpers import TOLERANCE, inputs, random_schedule  # in tests/
 
 
@@ -162,3 +163,16 @@ def test_decode_steps_take_the_decode_kernel(device, monkeypatch):
         assert bool(calls) == taken, (q_len, grad)
         ref = ta.dense_masked_attention(q.detach().double(), k.double(), v.double(), schedule)
         torch.testing.assert_close(out.detach().double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_builders_take_q_len():
+    """The topology builder and the selectors give the rows of the last q_len queries of their full schedule."""
+    gen = torch.Generator().manual_seed(9)
+    q, k = torch.randn(1, 2, 150, 16, generator=gen), torch.randn(1, 2, 150, 16, generator=gen)
+    full = ta.topology_schedule(k, 16, 1, 1, 2)
+    part = ta.topology_schedule(k, 16, 1, 1, 2, q_len=40)
+    assert part.q_len == 40 and torch.equal(part.to_token_mask(), full.to_token_mask()[..., 110:, :])
+    for name in ("centroid", "topology_22"):
+        whole = selection.select(name, q, k, 16, budget=2)
+        tail = selection.select(name, q, k, 16, budget=2, q_len=7)
+        assert tail.q_len == 7 and torch.equal(tail.to_token_mask(), whole.to_token_mask()[..., 143:, :])

@@ -309,7 +309,7 @@ def previous_row_scores(scores: torch.Tensor) -> torch.Tensor:
 
 
 def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: int = 1, window: int = 1,
-           budget: int = 4, strict: bool = False, **options) -> BlockSchedule:
+           budget: int = 4, strict: bool = False, q_len: int | None = None, **options) -> BlockSchedule:
     """The schedule of selector ``name`` (see :data:`SELECTORS` and the module docstring).
 
     Arguments:
@@ -327,6 +327,8 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
             predicting those tokens (perplexity). The key-side statistics of ``topology``, ``cluster`` and
             ``cluster_centroid`` (a spanning tree over all key blocks) still span later blocks. Not for
             ``"topology_22"`` (no row scores).
+        q_len: the rows of the last ``q_len`` queries only (:meth:`~topo_attn.BlockSchedule.for_queries`: the
+            schedule of the whole sequence restricted to a suffix of queries, for chunked prefill).
         options: ``seed`` (random), ``clusters`` (cluster selectors), ``scale`` and ``chunk`` (oracle).
 
     Returns:
@@ -350,10 +352,11 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
         raise ValueError("strict selection needs row scores; selector 'topology_22' has none")
     if name == "topology_22":
         q4, k4 = _lanes(q, k)
-        return topology_schedule(k if q.ndim == 2 else k4, block_size, window, sinks, budget)
+        return topology_schedule(k if q.ndim == 2 else k4, block_size, window, sinks, budget, q_len=q_len)
     if name == "window":
         budget = 0
     scores = SELECTORS[name](q, k, block_size, **options)
     if strict:
         scores = previous_row_scores(scores)
-    return schedule_from_scores(scores, block_size, seq, sinks, window, budget)
+    schedule = schedule_from_scores(scores, block_size, seq, sinks, window, budget)
+    return schedule if q_len is None else schedule.for_queries(q_len)

@@ -159,7 +159,7 @@ def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, wind
 
 def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: int, topk: int, *,
                       shared_lane: tuple[int, int] | None = None,
-                      dtype: torch.dtype = torch.float64) -> BlockSchedule:
+                      dtype: torch.dtype = torch.float64, q_len: int | None = None) -> BlockSchedule:
     """Build a causal block schedule from the topology of the key blocks.
 
     keys: ``[S, D]`` gives a shared schedule; ``[B, H, S, D]`` gives one schedule per lane, or, with
@@ -178,7 +178,13 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     CUDA graph cached per shape (:mod:`.gpu.graph`). ``dtype`` is the precision of centroids and distances: float64 (the default) gives
     exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
     blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
-    require grad are detached: the schedule carries no gradient."""
+    require grad are detached: the schedule carries no gradient. ``q_len``: the rows of the last ``q_len``
+    queries only (:meth:`BlockSchedule.for_queries`; chunked prefill), the salience still over every key block."""
+    schedule = _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype)
+    return schedule if q_len is None else schedule.for_queries(q_len)
+
+
+def _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype) -> BlockSchedule:
     keys = check_keys(keys, finite=False)  # the centroids of the lanes used are checked below
     block_size = check_int("block_size", block_size, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)

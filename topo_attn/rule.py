@@ -44,19 +44,21 @@ def clamp_to_blocks(nb: int, topk: int, sinks: int, window: int) -> tuple[int, i
     return min(topk, nb), min(sinks, nb), min(window, nb - 1)
 
 
-def base_block_mask(nb: int, sinks: int, window: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def base_block_mask(nb: int, sinks: int, window: int, device: torch.device | str = "cpu",
+                    first: int = 0) -> torch.Tensor:
     """The rule without its top-k part: the sinks and the window of every row, causal.
 
     Arguments:
         nb: number of blocks per side, ``>= 0``.
         sinks, window: non-negative ints; any size is allowed (the mask is causal either way).
         device: where the mask is made.
+        first: the first query block (row) wanted, ``0 <= first <= nb`` (queries at the end of the keys).
 
     Returns:
-        bool ``[nb, nb]``: ``mask[qb, kb]`` is True when ``kb <= qb`` and (``kb < sinks`` or
+        bool ``[nb - first, nb]``: ``mask[qb - first, kb]`` is True when ``kb <= qb`` and (``kb < sinks`` or
         ``kb >= qb - window``).
     """
-    rows = torch.arange(nb, device=device)[:, None]
+    rows = torch.arange(first, nb, device=device)[:, None]
     cols = torch.arange(nb, device=device)[None, :]
     return (cols <= rows) & ((cols < sinks) | (cols >= rows - window))
 

@@ -175,7 +175,7 @@ def test_decode_case_rows_on_the_interpreter(device):
     rows of the three non-Flex paths, the bytes against a hand count, the errors, the ratios, the goals and
     the table. N = 37 * 32 + 16: 38 blocks, the last of 16 tokens; 1/8: 38 // 8 = 4 blocks per kv lane, the
     sink, the last and two random full ones."""
-    times = iter([2.0, 2.2, 0.25, 0.125])  # sdpa, ours dense, ours 1/8, then select_step
+    times = iter([2.0, 2.2, 0.25, 0.125, 0.0625])  # sdpa, ours dense, ours 1/8, then select_step (twice)
     timed, selected = [], []
 
     def timer(fn):
@@ -189,7 +189,7 @@ def test_decode_case_rows_on_the_interpreter(device):
     case = Case("tiny", 2, 4, 2, 1200, 32, 32, "float32")
     rows = run_decode_case(case, timer, with_flex=False, device=device, select_step=select_step, copy_tbps=2.0)
     assert [r["path"] for r in rows] == [p for p in PATHS if not p.startswith("flex")]
-    assert len(timed) == 4 and selected == [((2, 4, 1, 32), (2, 2, 1200, 32))]
+    assert len(timed) == 5 and selected == [((2, 4, 1, 32), (2, 2, 1200, 32))] * 2
     sdpa, dense, sparse = rows
     qo = 2 * (2 * 4 * 1 * 32 * 4)  # q and the output, float32
     kv_all = 2 * (2 * 2 * 1200 * 32 * 4)  # K and V, every token of the 4 kv lanes
@@ -212,6 +212,7 @@ def test_decode_case_rows_on_the_interpreter(device):
         assert shape == (2, 4, 2, 1, 1200, 32, 32) and r["dtype"] == "float32" and r["case"] == "tiny"
         assert r["sdpa_over_ours_sparse"] == 8.0 and r["ours_dense_over_sdpa"] == pytest.approx(1.1)
         assert r["flex_over_ours_sparse"] is None and r["speedup_vs_flex"] is None and r["select_ms"] == 0.125
+        assert r["select_timed_ms"] == 0.0625
         assert r["goal_bandwidth"] is False and r["goal_dense_vs_sdpa"] is True
         assert r["goal_vs_sdpa"] is None and r["goal_vs_flex"] is None  # 1200 keys: not the 128k goal
     assert [r["speedup_vs_sdpa"] for r in rows] == [1.0, pytest.approx(2.0 / 2.2), 8.0]

@@ -113,3 +113,19 @@ def test_errors():
         select_for_queries("centroid", q[0, 0], k[0, 0], 16)
     with pytest.raises(ValueError, match="blocks must be in 1..4"):
         KeyBlockStats(16).update(k).salience(5)
+
+
+@pytest.mark.parametrize("selector", ["quest", "centroid", "topology", "random"])
+def test_rows_of_one_width_match_the_general_path(selector):
+    """Far enough into the cache every row holds sinks, window and budget apart: the CSR is built by arithmetic
+    (no nonzero), and it equals the general path's, for one row and for two, shorter rows included."""
+    for S, L, sinks, window, budget in ((300, 1, 1, 1, 3), (300, 20, 2, 1, 4), (257, 16, 1, 2, 5),
+                                        (160, 1, 1, 1, 7), (160, 1, 1, 1, 8)):
+        q, k = _qk(2, 4, 2, L, S, 8, seed=S + L)
+        fast = select_for_queries(selector, q, k, 16, sinks, window, budget, seed=2).validate()
+        general = select_for_queries(selector, q, k, 16, sinks, window, budget, seed=2, fixed_width=False)
+        assert torch.equal(fast.offsets, general.offsets) and torch.equal(fast.indices, general.indices)
+        widths = (fast.offsets[1:] - fast.offsets[:-1]).unique().tolist()
+        first = (S - L) // 16
+        if first - window - sinks >= budget:
+            assert widths == [sinks + window + 1 + budget]

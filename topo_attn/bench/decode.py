@@ -25,8 +25,9 @@ Timed paths (one row each, :func:`run_decode_case`), each with ``median_ms(fn)``
 * ``ours dense`` and ``ours 1/8``: ``topo_attn.scheduled_attention(q, k, v, schedule)``.
 
 A failing FlexAttention path is reported on stderr; its row holds ``ms=None`` and ``failure`` (the message).
-``select_step(q, k)``, when given, is timed too (``select_ms``, in every row of the case): a per-step block
-selection next to the attention it serves.
+``select_step(q, k)``, when given, is timed too (``select_ms`` with ``select_timer``, eagerly; and
+``select_timed_ms`` with the suite's timer, a CUDA-graph replay with ``--timer graph``; in every row of the
+case): a per-step block selection next to the attention it serves.
 
 Bytes a call must read (:func:`decode_bytes`): q and the output, plus for a schedule the scheduled K and V
 tokens (real token counts: the last block may be partial) of each (batch, kv head) lane, counted once per kv
@@ -333,7 +334,13 @@ def run_decode_case(case: Case, median_ms: Callable, with_flex: bool = True, dev
             peak_fraction=None if tbps is None else tbps / peak_tbps,
             copy_fraction=None if tbps is None else tbps / copy_tbps, max_abs_error=err,
             error_reference="dense_masked_attention float32" if path.endswith(SPARSE) else "sdpa float32")
-    select_ms = None if select_step is None else (select_timer or median_ms)(lambda: select_step(q, k))
+    select_ms = select_timed_ms = None
+    if select_step is not None:
+        select_ms = (select_timer or median_ms)(lambda: select_step(q, k))
+        try:  # with the suite's timer too (a CUDA graph with --timer graph: steady-state steps do not sync)
+            select_timed_ms = median_ms(lambda: select_step(q, k))
+        except Exception as exc:  # report, do not hide
+            print(f"  select_step with the suite's timer failed on {case.name}: {exc}", file=sys.stderr)
 
     def ms_of(path: str) -> float | None:
         return results[path]["ms"] if path in results else None
@@ -352,7 +359,7 @@ def run_decode_case(case: Case, median_ms: Callable, with_flex: bool = True, dev
     shared = dict(
         case=case.name, suite="decode", batch=B, heads=H, kv_heads=H_kv, q_len=Q_LEN, kv_len=N, head_dim=D,
         block_size=bs, dtype=case.dtype, kv_blocks=B * H_kv * nb, flex_block_size=bs if with_flex else None,
-        peak_tbps=peak_tbps, copy_tbps=copy_tbps, select_ms=select_ms,
+        peak_tbps=peak_tbps, copy_tbps=copy_tbps, select_ms=select_ms, select_timed_ms=select_timed_ms,
         sdpa_over_ours_sparse=ratio(sdpa_ms, ours_ms), flex_over_ours_sparse=ratio(flex_ms, ours_ms),
         ours_dense_over_sdpa=ratio(ours_dense_ms, sdpa_ms),
     )

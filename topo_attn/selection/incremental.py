@@ -37,7 +37,7 @@ from .._checks import check_int, check_qkv
 from ..rule import base_block_mask
 from ..schedule import BlockSchedule, num_blocks
 from ..topology import block_centroids, block_salience
-from .selectors import choose_blocks, key_block_bounds
+from .selectors import choose_blocks, key_block_bounds, rank_candidates
 
 INCREMENTAL_SELECTORS = ("window", "random", "topology", "topology_22", "centroid", "quest")
 """The selectors :func:`select_for_queries` supports (``oracle`` and the cluster selectors need every key or a
@@ -142,7 +142,7 @@ def _group_scores(selector: str, q: torch.Tensor, stats: KeyBlockStats, seq_len:
 
 def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: int = 1,
                        window: int = 1, budget: int = 4, stats: KeyBlockStats | None = None,
-                       seed: int = 0) -> BlockSchedule:
+                       seed: int = 0, fixed_width: bool = True) -> BlockSchedule:
     """The schedule of ``selector`` for the queries ``q`` at the end of the keys ``k`` (module docstring).
 
     Arguments:
@@ -153,6 +153,9 @@ def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_si
         stats: the cache's :class:`KeyBlockStats` (updated here from ``k``, reading only new blocks); None
             computes them from every complete block of ``k``.
         seed: the random selector's seed.
+        fixed_width: when every row holds its sinks, window and ``budget`` chosen blocks apart (the first row's
+            block is at least ``sinks + window + budget``), build the CSR by arithmetic, without ``nonzero`` and
+            its wait for the GPU (the same schedule; False takes the general path, for tests).
 
     Returns:
         A row :class:`~topo_attn.BlockSchedule` with ``seq_len = S``, ``q_len = L`` and lanes ``(B, H_kv)``,
@@ -178,21 +181,42 @@ def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_si
     nb = num_blocks(seq_len, block_size)
     first, rows = query_rows(seq_len, q_len, block_size, q.device)
     num_rows = nb - first
-    base = base_block_mask(nb, sinks, window, q.device)[first:]
+    base = base_block_mask(nb, sinks, window, q.device, first)
     causal = torch.ones(num_rows, nb, dtype=torch.bool, device=q.device).tril(first)
     candidates = causal & ~base  # blocks before each row's block: all complete
-    mask = base.expand(shape.batch, shape.kv_heads, num_rows, nb)
+    lanes = (shape.batch, shape.kv_heads)
+    mask = base.expand(*lanes, num_rows, nb)
     if selector != "window" and budget and nb - 1 >= sinks + window + 1:  # some row has a candidate
         stats.update(k)
-        scores = torch.full((shape.batch, shape.kv_heads, num_rows, nb), float("-inf"), dtype=torch.float64,
-                            device=q.device)
+        scores = torch.full((*lanes, num_rows, nb), float("-inf"), dtype=torch.float64, device=q.device)
         if first > 0 or selector not in ("topology", "topology_22"):
             found = _group_scores(selector, q, stats, seq_len, first, rows, num_rows, seed)
             scores[..., :found.shape[-1]] = found
+        if fixed_width and first - window - sinks >= budget:  # every row: sinks, window, budget apart, one width
+            return _fixed_width_schedule(rank_candidates(scores, candidates)[..., :budget], first, sinks, window,
+                                         block_size, seq_len, q_len, lanes)
         mask = mask | choose_blocks(scores, candidates, budget)
     counts = mask.sum(-1, dtype=torch.int32).reshape(-1)
     offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=q.device)
     torch.cumsum(counts, dim=0, out=offsets[1:])
     indices = torch.nonzero(mask.reshape(-1, nb))[:, 1].to(torch.int32)
     # valid by construction: the base holds each row's own block, candidates are causal, nonzero sorts rows
-    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, (shape.batch, shape.kv_heads), False, q_len)
+    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes, False, q_len)
+
+
+def _fixed_width_schedule(chosen: torch.Tensor, first: int, sinks: int, window: int, block_size: int, seq_len: int,
+                          q_len: int, lanes: tuple[int, int]) -> BlockSchedule:
+    """The schedule when every row holds ``sinks`` sinks, ``window + 1`` window blocks and the ``budget`` chosen
+    candidates ``chosen`` (``[B, H_kv, R, budget]``, none of them a sink or in the window: the first row's
+    block is at least ``sinks + window + budget``): rows of one width, so the CSR comes from arithmetic, without
+    ``nonzero`` and its wait for the GPU (the same schedule as the general path)."""
+    num_rows, budget = chosen.shape[-2], chosen.shape[-1]
+    device = chosen.device
+    width = sinks + window + 1 + budget
+    row_block = first + torch.arange(num_rows, device=device)[:, None]
+    base = torch.cat([torch.arange(sinks, device=device).expand(num_rows, sinks),
+                      row_block - window + torch.arange(window + 1, device=device)[None, :]], dim=1)
+    rows = torch.cat([base.expand(*lanes, num_rows, sinks + window + 1), chosen], dim=-1)
+    indices = torch.sort(rows, dim=-1).values.reshape(-1).to(torch.int32)
+    offsets = torch.arange(lanes[0] * lanes[1] * num_rows + 1, device=device, dtype=torch.int32) * width
+    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes, False, q_len)

@@ -89,9 +89,24 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
     return BlockSchedule.from_block_mask(mask, block_size, seq_len)
 
 
+def rank_candidates(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """The block indices of each row, best-scored candidate first (ties to the lower block index; a ``-inf``
+    score still ranks before every non-candidate), then the non-candidates.
+
+    Arguments:
+        scores: real ``[..., c, n]``; candidates: bool ``[c, n]`` (or broadcastable).
+
+    Returns:
+        int64 ``[..., c, n]``.
+    """
+    lowest = torch.finfo(torch.float64).min
+    masked = scores.to(torch.float64).clamp(min=lowest).masked_fill(~candidates, float("-inf"))
+    return torch.sort(masked, dim=-1, descending=True, stable=True).indices
+
+
 def choose_blocks(scores: torch.Tensor, candidates: torch.Tensor, budget: int) -> torch.Tensor:
     """The ``budget`` highest-scored candidates of each row (all of them when fewer; ties to the lower block
-    index; a ``-inf`` score still beats a non-candidate).
+    index; a ``-inf`` score still beats a non-candidate; :func:`rank_candidates`).
 
     Arguments:
         scores: real ``[..., c, n]``; candidates: bool ``[c, n]`` (or broadcastable); budget: int ``>= 0``.
@@ -102,9 +117,7 @@ def choose_blocks(scores: torch.Tensor, candidates: torch.Tensor, budget: int) -
     chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
     take = min(budget, scores.shape[-1])
     if take:
-        lowest = torch.finfo(torch.float64).min
-        masked = scores.to(torch.float64).clamp(min=lowest).masked_fill(~candidates, float("-inf"))
-        order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
+        order = rank_candidates(scores, candidates)[..., :take]
         chosen.scatter_(-1, order, torch.gather(candidates.expand(scores.shape), -1, order))
     return chosen
 

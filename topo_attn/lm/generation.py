@@ -29,7 +29,7 @@ from ..bench.results import code_version
 from ..schedule import num_blocks
 from ..selection.incremental import INCREMENTAL_SELECTORS
 from .probe import Passkey
-from .study import DEFAULT_MODEL, load_documents, load_model
+from .study import add_common_arguments, load_documents, load_model
 from .train import probe_distances, probe_set
 
 BACKEND = "topo_attn_passkey"
@@ -94,22 +94,10 @@ def passkey_generation_rows(model, probes: list[Passkey], attention: str, budget
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=str(DEFAULT_MODEL), help="model folder (default: data/lm)")
-    parser.add_argument("--eval-set", default=None, help="documents .npz (default: <model>/eval_set.npz)")
-    parser.add_argument("--documents", type=int, default=16, help="held-out documents the probes are made of")
-    parser.add_argument("--length", type=int, default=None, help="bytes per document (default: all)")
-    parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
+    add_common_arguments(parser, "held-out documents the probes are made of")
     parser.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS)
     parser.add_argument("--budgets", type=int, nargs="+", default=[14, 30],
                         help="extra key blocks per query block beyond sinks and window")
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--sinks", type=int, default=1)
-    parser.add_argument("--window", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
-    parser.add_argument("--out", default=None, help="JSON file for the results")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
 
 
 def passkey_generation(args: argparse.Namespace, argv: list[str] | None = None) -> dict:

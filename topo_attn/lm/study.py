@@ -230,19 +230,30 @@ def speed_rows(model, args) -> list[dict]:
     return run_model_case(case, with_flex=args.flex, model=model)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, documents_help: str) -> None:
+    """The arguments every evaluation command of :mod:`topo_attn.lm` takes: the model and its held-out documents,
+    the probes, the block sizes of the rule, the seed, device, dtype, output file and progress bar."""
     parser.add_argument("--model", default=str(DEFAULT_MODEL), help="model folder (default: data/lm)")
     parser.add_argument("--eval-set", default=None, help="documents .npz (default: <model>/eval_set.npz)")
-    parser.add_argument("--documents", type=int, default=16, help="held-out documents for perplexity")
+    parser.add_argument("--documents", type=int, default=16, help=documents_help)
     parser.add_argument("--length", type=int, default=None, help="bytes per document (default: all)")
     parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--sinks", type=int, default=1)
+    parser.add_argument("--window", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
+    parser.add_argument("--out", default=None, help="JSON file for the results")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, "held-out documents for perplexity")
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 6, 14, 30],
                         help="extra key blocks per query block beyond sinks and window")
     parser.add_argument("--selectors", nargs="+", default=None, choices=SELECTORS,
                         help="selectors to evaluate (default: all, those of token granularity with it)")
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--sinks", type=int, default=1)
-    parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--dense-layers", type=int, nargs="*", default=[])
     parser.add_argument("--strict", action="store_true",
                         help="selection without look-ahead: each query block takes the blocks the query block "
@@ -252,14 +263,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"token from its own query (topo_attn.lm.token_attention; {', '.join(TOKEN_SELECTORS)}; "
                              "not with --strict; no recall or speed rows)")
     parser.add_argument("--batch", type=int, default=4, help="documents per forward")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--no-recall", dest="recall", action="store_false")
     parser.add_argument("--no-speed", dest="speed", action="store_false")
     parser.add_argument("--flex", action="store_true", help="time transformers' flex_attention too (slow to compile)")
-    parser.add_argument("--out", default=None, help="JSON file for the results")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
 
 
 def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:

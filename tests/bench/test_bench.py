@@ -20,6 +20,8 @@ def test_visited_pairs_count_the_token_mask(seq_len, block_size):
     keys = torch.randn(seq_len, 8, generator=torch.Generator().manual_seed(seq_len))
     schedule = ta.topology_schedule(keys, block_size, window=0, sinks=1, topk=1)
     assert visited_pairs(schedule) == int(schedule.to_token_mask().sum())
+    for q_len in (1, 37, seq_len - 1):  # queries at the end of the keys: partial first rows
+        assert visited_pairs(schedule.for_queries(q_len)) == int(schedule.for_queries(q_len).to_token_mask().sum())
 
 
 def test_suites_cover_the_issue_cases():

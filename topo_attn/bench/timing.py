@@ -41,14 +41,17 @@ def graph_median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: flo
 def visited_pairs(schedule) -> int:
     """Token pairs the kernel computes per lane for ``schedule`` (a :class:`~topo_attn.schedule.BlockSchedule`):
     every query row of an off-diagonal scheduled block against all of its ``block_size`` keys, plus the causal
-    part of the diagonal blocks; the last query block may be partial. A dense causal schedule of ``S`` tokens
-    visits ``S * (S + 1) // 2`` pairs."""
-    nb, bs, S = schedule.num_blocks, schedule.block_size, schedule.seq_len
-    rows = schedule.row_ids() % nb
-    q_sizes = torch.clamp(S - rows * bs, max=bs)  # the last query block may be partial
-    diagonal = schedule.indices.long() == rows
-    full = int(q_sizes[~diagonal].sum()) * bs
-    causal = int((q_sizes[diagonal] * (q_sizes[diagonal] + 1) // 2).sum())
+    part of the diagonal blocks; the first and last query blocks may be partial (queries at the end of the
+    keys, a length that is not a multiple of the block size). A dense causal schedule of ``S`` tokens visits
+    ``S * (S + 1) // 2`` pairs."""
+    bs, S = schedule.block_size, schedule.seq_len
+    blocks = schedule.row_blocks(schedule.row_ids())
+    start = blocks * bs
+    lo = torch.clamp(start, min=schedule.q_offset) - start  # the row's queries, as offsets in its block
+    hi = torch.clamp(start + bs, max=S) - start
+    diagonal = schedule.indices.long() == blocks
+    full = int((hi - lo)[~diagonal].sum()) * bs
+    causal = int(((hi * (hi + 1) - lo * (lo + 1)) // 2)[diagonal].sum())  # query at offset a sees a + 1 keys
     return (full + causal) // schedule.num_lanes
 
 

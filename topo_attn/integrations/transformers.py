@@ -29,7 +29,8 @@ What the attention function does, per layer and call (query ``[B, Hq, q_len, D]`
   (its split-K decode kernel for ``q_len <= 16``). The block statistics are read from a
   :class:`topo_attn.integrations.cache.TopoCache` (``model.generate(..., past_key_values=TopoCache())``), which
   computes them once per completed block; with another cache they are computed from every cached key at each
-  step (the same schedule, slower). The selectors without an incremental form (``oracle``, ``cluster``,
+  step (the same schedule, slower). A step's choice reads only its own queries (the ``strict`` option concerns
+  whole-sequence forwards). The selectors without an incremental form (``oracle``, ``cluster``,
   ``cluster_centroid``) compute such steps densely over the whole cache (torch's SDPA with a bottom-right
   causal mask: the exact causal result, not the sparse one), and a :class:`DenseDecodeWarning` says so, once
   per registration.
@@ -78,6 +79,7 @@ RESERVED_PARTS = ("flash", "sdpa", "flex_attention", "/", "|")
 class DenseDecodeWarning(UserWarning):
     """A step with fewer queries than keys (decode, chunked prefill) was computed densely over the cache,
     without the registered sparse schedule (a selector with no incremental form)."""
+
 
 BLOCK_STATS_ATTRIBUTE = "topo_block_stats"
 """The attribute of a key tensor handed to the attention function under which a cache

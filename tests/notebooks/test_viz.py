@@ -465,6 +465,22 @@ def test_load_lm_research_and_its_table(tmp_path):
         bench_results.load_lm_research(tmp_path / "missing.json")
 
 
+def test_load_lm_passkey_and_its_table(tmp_path):
+    import json
+
+    from topo_attn.bench import results as bench_results
+    from topo_attn.lm.generation import markdown
+
+    loaded = bench_results.load_lm_passkey("data/benchmarks/lm_passkey_generate_h200.json")  # the committed one
+    assert "| quest | 30 | 25.8% | 100% | 100% | 100% | 88% |" in markdown(loaded)
+    path = tmp_path / "passkey.json"
+    path.write_text(json.dumps({**loaded, "suite": "lm"}))
+    with pytest.raises(ValueError, match="lm_passkey_generate"):
+        bench_results.load_lm_passkey(path)
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        bench_results.load_lm_passkey(tmp_path / "missing.json")
+
+
 def test_the_stand_in_speed_rows_have_run_model_cases_fields():
     """The speed rows of the stand-in carry what topo_attn.bench.model.run_model_case writes (its row dict and
     the ratios), so the speed figure is tested on the real shape."""

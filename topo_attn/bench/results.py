@@ -44,6 +44,8 @@ LM_SUITE = "lm"
 """The language-model study's suite (``python -m topo_attn.lm evaluate``): no ``rows``, sections of its own."""
 LM_RESEARCH_SUITE = "lm_research"
 """The research step's suite (``python -m topo_attn.lm research``): ``rows`` of recall per selector and budget."""
+LM_PASSKEY_SUITE = "lm_passkey_generate"
+"""The suite of the passkey probe answered by generation (``python -m topo_attn.lm passkey``)."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
 
@@ -375,6 +377,22 @@ def load_lm_research(path: str | Path) -> dict:
     path, data = _read_results(path, "research results", "by `python -m topo_attn.lm research")
     if not isinstance(data, dict) or data.get("suite") != LM_RESEARCH_SUITE or not isinstance(data.get("rows"), list):
         raise ValueError(f"{path}: expected the research step's results (suite {LM_RESEARCH_SUITE!r} with rows)")
+    _check_commit(path, data)
+    return data
+
+
+def load_lm_passkey(path: str | Path) -> dict:
+    """The passkey probe answered by generation (``python -m topo_attn.lm passkey --out path``) as the parsed
+    JSON; a relative ``path`` is taken from the repository's root (``topo_attn.lm.generation.markdown`` renders
+    it).
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_passkey_generate`` or has no list of ``rows``.
+    """
+    path, data = _read_results(path, "passkey-by-generation results", "by `python -m topo_attn.lm passkey")
+    if not isinstance(data, dict) or data.get("suite") != LM_PASSKEY_SUITE or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected the passkey-by-generation results (suite {LM_PASSKEY_SUITE!r} with rows)")
     _check_commit(path, data)
     return data
 

@@ -80,3 +80,16 @@ def test_dense_decode_generates_what_sdpa_generates(model_dir):
         model.set_attn_implementation(tat.register(selector="dense", block_size=16, name="topo_attn_passkey_test"))
         got, _ = generation.generate_value(model, probe, TopoCache)
         assert got == want
+
+
+def test_the_command_line(capsys):
+    from topo_attn.lm.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["passkey", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "python -m topo_attn.lm passkey" in out and "--budgets" in out and "--selectors" in out
+    with pytest.raises(SystemExit):
+        main(["passkey", "--selectors", "oracle"])  # no incremental form: not offered
+    assert "invalid choice: 'oracle'" in capsys.readouterr().err

@@ -16,10 +16,10 @@ import topo_attn.attention.backward as backward
 from helpers import TOLERANCE, inputs, random_schedule  # in tests/
 
 
-def _kernel_grads(q, k, v, schedule, d_out, scale=None):
+def _kernel_grads(q, k, v, schedule, d_out, scale=None, deterministic=None):
     """Output and (dq, dk, dv) of scheduled_attention for fresh leaves holding q, k, v."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = ta.scheduled_attention(*leaves, schedule, scale=scale)
+    out = ta.scheduled_attention(*leaves, schedule, scale=scale, deterministic=deterministic)
     out.backward(d_out)
     return out.detach(), [t.grad for t in leaves]
 
@@ -43,9 +43,9 @@ def _check_grads(grads, refs, dtype):
         torch.testing.assert_close(grad.double(), ref, atol=tol * scale, rtol=tol, msg=lambda m: f"{name}: {m}")
 
 
-def _compare(q, k, v, schedule, dtype, seed, scale=None):
+def _compare(q, k, v, schedule, dtype, seed, scale=None, deterministic=None):
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.device, dtype)
-    out, grads = _kernel_grads(q, k, v, schedule, d_out, scale)
+    out, grads = _kernel_grads(q, k, v, schedule, d_out, scale, deterministic)
     ref_out, refs = _reference_grads(q, k, v, schedule, d_out, scale)
     torch.testing.assert_close(out.double(), ref_out, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     _check_grads(grads, refs, dtype)
@@ -66,14 +66,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("per_lane", [False, True], ids=["shared", "per-lane"])
 @pytest.mark.parametrize("B,H,H_kv,S,D,block_size,dtype", CASES)
-def test_gradients_match_reference(B, H, H_kv, S, D, block_size, dtype, per_lane, device):
+def test_gradients_match_reference(B, H, H_kv, S, D, block_size, dtype, per_lane, deterministic, device):
     seed = S * D + H
     q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), dtype, device, seed)
     schedule = random_schedule(torch.Generator().manual_seed(seed), S, block_size,
                                lanes=(B, H) if per_lane else None, device=device)
-    _, refs = _compare(q, k, v, schedule, dtype, seed)
+    _, refs = _compare(q, k, v, schedule, dtype, seed, deterministic=deterministic)
     assert all(ref.abs().max() > 0 for ref in refs), "a zero reference gradient would test nothing"
 
 
@@ -166,19 +167,53 @@ def test_unread_key_blocks_get_zero_gradients(per_lane, device):
 
 
 def test_backward_is_deterministic(device):
-    """No atomics: two backward passes give bit-identical gradients (GQA sums the group in registers)."""
+    """The deterministic path has no atomics: two backward passes give bit-identical gradients (GQA sums the
+    group in registers)."""
     q, k, v = inputs((2, 4, 190, 64), (2, 2, 190, 64), torch.bfloat16, device, seed=8)
     schedule = random_schedule(torch.Generator().manual_seed(8), 190, 32, lanes=(2, 4), device=device)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(device, torch.bfloat16)
-    _, first = _kernel_grads(q, k, v, schedule, d_out)
-    _, second = _kernel_grads(q, k, v, schedule, d_out)
+    _, first = _kernel_grads(q, k, v, schedule, d_out, deterministic=True)
+    _, second = _kernel_grads(q, k, v, schedule, d_out, deterministic=True)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("argument,torch_flag,expected", [
+    (None, False, "atomic"), (None, True, "deterministic"), (True, False, "deterministic"),
+    (False, True, "atomic"),
+])
+def test_backward_path_follows_the_argument_then_torch(argument, torch_flag, expected, device, monkeypatch):
+    """``deterministic`` picks the backward; None follows ``torch.use_deterministic_algorithms``. The launcher
+    is wrapped to record the path it was given (it still runs the kernels, whose gradients are checked)."""
+    seen = []
+    launcher = backward.scheduled_attention_backward
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["path"])
+        return launcher(*args, **kwargs)
+
+    monkeypatch.setattr(backward, "scheduled_attention_backward", recording)
+    q, k, v = inputs((1, 2, 70, 16), (1, 1, 70, 16), torch.float32, device, seed=14)
+    schedule = random_schedule(torch.Generator().manual_seed(14), 70, 16, device=device)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(torch_flag)
+    try:
+        assert backward.backward_path(argument) == expected
+        _compare(q, k, v, schedule, torch.float32, seed=14, deterministic=argument)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert seen == [expected]
+
+
+def test_deterministic_must_be_a_bool_or_none(device):
+    q, k, v = inputs((1, 1, 32, 16), (1, 1, 32, 16), torch.float32, device, seed=15)
+    with pytest.raises(TypeError, match="deterministic must be True, False or None, got int"):
+        ta.scheduled_attention(q, k, v, ta.dense_causal_schedule(32, 16, device=device), deterministic=1)
+
+
 def test_tile_shapes_agree(device):
     """The kernels are correct for any tiles that divide the block (as a tuner may pick): more query than key
-    rows per step and the reverse, in both kernels."""
+    rows per step and the reverse, in both kernels, on both paths."""
     S, D, bs = 150, 32, 64
     q, k, v = inputs((1, 2, S, D), (1, 1, S, D), torch.float16, device, seed=12)
     schedule = random_schedule(torch.Generator().manual_seed(12), S, bs, lanes=(1, 2), device=device)
@@ -188,8 +223,10 @@ def test_tile_shapes_agree(device):
     for m, n in ((16, 64), (64, 16), (32, 32)):
         tiles = dict(BLOCK_M=m, BLOCK_N=n, num_warps=4, NUM_STAGES=2)
         config = dict(dq=tiles, dkdv=dict(tiles, BLOCK_M=n, BLOCK_N=m))
-        grads = backward.scheduled_attention_backward(d_out, q, k, v, out, lse, schedule, D ** -0.5, config=config)
-        _check_grads(grads, refs, torch.float16)
+        for path in ("atomic", "deterministic"):
+            grads = backward.scheduled_attention_backward(d_out, q, k, v, out, lse, schedule, D ** -0.5,
+                                                          config=config, path=path)
+            _check_grads(grads, refs, torch.float16)
 
 
 def test_lse_is_not_differentiable(device):

@@ -74,6 +74,29 @@ def test_malformed_results_raise(tmp_path, data, match):
         bench_results.load_kernel_benchmarks(tmp_path)
 
 
+def test_rows_marked_invalid_are_refused(tmp_path):
+    """A row marked invalid after its measurement makes both loaders refuse the file, naming it, the case and
+    the reason; the same file without the mark loads."""
+    rows = [ROW, {**ROW, "case": "S2048", "invalid": {"flex": "dynamo fell back to eager"}}]
+    write(tmp_path / "llm_x.json", {**HEADER, "suite": "llm", "rows": rows})
+    write(tmp_path / "train_x.json", {**HEADER, "suite": "train", "rows": rows})
+    with pytest.raises(ValueError, match="llm_x.json: row 1 \\(S2048\\) is marked invalid: .*fell back to eager"):
+        bench_results.load_kernel_benchmarks(tmp_path)
+    with pytest.raises(ValueError, match="train_x.json: row 1 \\(S2048\\) is marked invalid"):
+        bench_results.load_suite("train", tmp_path)
+    write(tmp_path / "llm_x.json", {**HEADER, "suite": "llm", "rows": [ROW, {**ROW, "case": "S2048"}]})
+    assert [len(b.rows) for b in bench_results.load_kernel_benchmarks(tmp_path)] == [2]
+
+
+def test_committed_results_hold_no_invalid_rows():
+    """Every committed figure is valid: no committed file carries a row marked invalid (the loaders would
+    refuse it)."""
+    for path in sorted(bench_results.RESULTS_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("rows"), list):
+            bench_results.refuse_invalid_rows(path, data["rows"])
+
+
 def test_no_measuring_without_a_gpu_or_when_off():
     import torch
 

@@ -1,14 +1,19 @@
 """Triton backward kernels for block-scheduled causal attention, and their launcher.
 
-Three launches, no atomics (so gradients are bit-for-bit deterministic):
+Two paths (:func:`backward_path` picks one):
 
-1. ``attention_bwd_preprocess_kernel``: ``delta = rowsum(O * dO)`` per query, float32.
-2. ``attention_bwd_dq_kernel``: one program per (query tile, query lane). It walks the CSR row of its
-   query block like the forward (off-diagonal blocks unmasked, the diagonal block last with the causal mask),
-   recomputes ``P`` from the saved log-sum-exp and accumulates ``dQ = dS K * scale``.
-3. ``attention_bwd_dkdv_kernel``: one program per (key tile, key/value lane). It walks the *column* of
-   its key block (``BlockSchedule.transpose()``: the query blocks that read it), for every query head of its
-   GQA group, and accumulates ``dV = P^T dO`` and ``dK = dS^T Q * scale`` in registers.
+- ``"atomic"`` (the default; two launches and a cast): ``attention_bwd_preprocess_kernel`` computes
+  ``delta = rowsum(O * dO)`` per query (float32); ``attention_bwd_dkdv_kernel`` with ``ATOMIC_DQ`` walks the
+  *column* of each key block and, besides dK and dV, adds each query tile's share ``dS K * scale`` of dQ to
+  a float32 buffer with atomic adds (five matrix products per key/query tile pair, as FlashAttention-2). The
+  order of the atomic adds varies from run to run, so dQ may differ in its last bits between runs.
+- ``"deterministic"`` (three launches, no atomics, gradients bit-for-bit reproducible): the preprocess, then
+  ``attention_bwd_dq_kernel``, one program per (query tile, query lane) walking the CSR row of its query block
+  like the forward (off-diagonal blocks unmasked, the diagonal block last with the causal mask), recomputing
+  ``P`` and accumulating ``dQ = dS K * scale``, and ``attention_bwd_dkdv_kernel`` without ``ATOMIC_DQ``: one
+  program per (key tile, key/value lane) walking the column of its key block (``BlockSchedule.transpose()``:
+  the query blocks that read it) for every query head of its GQA group, accumulating ``dV = P^T dO`` and
+  ``dK = dS^T Q * scale`` in registers (seven products per pair in all).
 
 ``P = exp2(Q K^T * scale * log2(e) - lse * log2(e))`` and ``dS = P * (dP - delta)`` with ``dP = dO V^T``.
 """
@@ -185,14 +190,15 @@ def attention_bwd_dq_kernel(
 
 @triton.jit
 def _dkdv_query_tile(
-    dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n, q_len, q_offset, qk_scale,
-    stride_qm, stride_qd, stride_dom, stride_dod,
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m, offs_n, q_len, q_offset, qk_scale,
+    sm_scale, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     """Add one tile of BLOCK_M queries (at absolute positions ``start_m ..``; row ``p - q_offset`` of Q) of
-    one query head (``q_base``, ``do_base``, ``lse_base``, ``delta_base``: that lane's rows) to the key tile's
-    dK and dV accumulators. Positions that are not queries (before ``q_offset``, past the partial last block)
+    one query head (``q_base``, ``do_base``, ``lse_base``, ``delta_base``, ``dq_base``: that lane's rows) to the
+    key tile's dK and dV accumulators and, with ``ATOMIC_DQ``, the tile's share of dQ to the float32 rows at
+    ``dq_base`` (atomic adds). Positions that are not queries (before ``q_offset``, past the partial last block)
     are masked; ``CAUSAL`` masks keys after the query."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_q = offs_m - q_offset
@@ -217,12 +223,17 @@ def _dkdv_query_tile(
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
     dst = mma_operand((pt * (dpt - delta[None, :])).to(dtype), UPCAST)
     dk = tl.dot(dst, q, dk, input_precision=DOT_PRECISION)
+    # dQ += dS K * scale, shared with the other key tiles of these queries: atomic adds in float32
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(dst), k, input_precision=DOT_PRECISION) * sm_scale
+        tl.atomic_add(dq_base + offs_q[:, None].to(tl.int64) * stride_dqm + offs_d[None, :] * stride_dqd, dq,
+                      mask=rows[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["seq_len", "q_len", "q_offset", "lane_row_stride", "stride_lb", "stride_lh"])
 def attention_bwd_dkdv_kernel(
-    Q, K, V, dOut, Lse, Delta, dK, dV, ColOffsets, ColIndices,  # the column (transposed) schedule
+    Q, K, V, dOut, Lse, Delta, dK, dV, dQ, ColOffsets, ColIndices,  # the column (transposed) schedule
     sm_scale, qk_scale,  # softmax scale, and softmax scale * log2(e)
     seq_len, q_len, q_offset,  # keys, queries, the first query's position
     num_heads, kv_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 when shared
@@ -232,9 +243,10 @@ def attention_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,  # dQ: float32 [B, H, L, D], with ATOMIC_DQ
     stride_lb, stride_lh,  # Lse and Delta: [B, H, S], the same strides
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     """Grid ``(cdiv(S, BLOCK_N), B * H_kv)``: ``dK``, ``dV [B, H_kv, S, D]`` (k's dtype) of keys
     ``BLOCK_N * i ..`` of key/value lane ``(b, h_kv)``, summed over the ``kv_group`` query heads of the group
@@ -242,7 +254,8 @@ def attention_bwd_dkdv_kernel(
     sorted absolute query blocks, the diagonal first when present), shared or ``n`` columns per schedule lane
     ``b * lane_heads + h // lane_group``. Queries as in the forward kernel (row ``p - q_offset`` of Q for
     absolute position ``p``). Key blocks nobody reads get zeros. ``BLOCK_M`` and ``BLOCK_N`` divide
-    ``BLOCK_SIZE``."""
+    ``BLOCK_SIZE``. With ``ATOMIC_DQ``, also adds ``dS K * sm_scale`` to ``dQ`` (float32, zeroed by the caller;
+    atomic adds, so its rounding depends on the order the programs run in); without it ``dQ`` is not read."""
     SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_M
     # -- which keys and key/value lane this program owns (first key tiles, the longest columns, first)
     pid_n = tl.program_id(0)
@@ -270,6 +283,7 @@ def attention_bwd_dkdv_kernel(
         do_base = dOut + batch * stride_dob + head * stride_doh
         lse_base = Lse + batch * stride_lb + head * stride_lh
         delta_base = Delta + batch * stride_lb + head * stride_lh
+        dq_base = dQ + batch * stride_dqb + head * stride_dqh
 
         # -- the column's entries (query blocks >= k_block, sorted); the diagonal block, if read, is the first
         first = tl.load(ColOffsets + row)
@@ -280,18 +294,20 @@ def attention_bwd_dkdv_kernel(
         if has_diagonal:
             diagonal_end = tl.minimum(k_block * BLOCK_SIZE + BLOCK_SIZE, seq_len)
             for start_m in range(start_n - start_n % BLOCK_M, diagonal_end, BLOCK_M):
-                dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                          q_len, q_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-                                          BLOCK_M, HEAD_DIM, True, DOT_PRECISION, UPCAST)
+                dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m,
+                                          offs_n, q_len, q_offset, qk_scale, sm_scale, stride_qm, stride_qd,
+                                          stride_dom, stride_dod, stride_dqm, stride_dqd,
+                                          BLOCK_M, HEAD_DIM, True, DOT_PRECISION, UPCAST, ATOMIC_DQ)
 
         # -- off-diagonal query blocks lie wholly after the keys: no causal mask (rows past seq_len are)
         start_full = first + has_diagonal.to(tl.int32)
         for t in tl.range(start_full * SUBTILES, last * SUBTILES, num_stages=NUM_STAGES):
             q_block = tl.load(ColIndices + t // SUBTILES)
             start_m = q_block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_M
-            dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, start_m, offs_n,
-                                      q_len, q_offset, qk_scale, stride_qm, stride_qd, stride_dom, stride_dod,
-                                      BLOCK_M, HEAD_DIM, False, DOT_PRECISION, UPCAST)
+            dk, dv = _dkdv_query_tile(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base, start_m,
+                                      offs_n, q_len, q_offset, qk_scale, sm_scale, stride_qm, stride_qd,
+                                      stride_dom, stride_dod, stride_dqm, stride_dqd,
+                                      BLOCK_M, HEAD_DIM, False, DOT_PRECISION, UPCAST, ATOMIC_DQ)
 
     # -- one factor of the softmax scale for dK; store (key blocks nobody reads get zeros)
     store_tile(dK, dk * sm_scale, batch, kv_head, start_n, seq_len, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
@@ -330,12 +346,24 @@ def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> 
     return dict(dq=as_dict(*dq), dkdv=as_dict(*dkdv))
 
 
+def backward_path(deterministic: bool | None) -> str:
+    """Which backward :func:`scheduled_attention_backward` runs: ``"deterministic"`` when ``deterministic`` is
+    True, or when it is None and ``torch.are_deterministic_algorithms_enabled()``; else ``"atomic"`` (dQ
+    accumulated with atomic adds: faster, its last bits may vary between runs). The one place that chooses."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return "deterministic" if deterministic else "atomic"
+
+
 def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  out: torch.Tensor, lse: torch.Tensor, schedule, scale: float,
                                  needs: tuple[bool, bool, bool] = (True, True, True),
-                                 config: dict | None = None) -> tuple[torch.Tensor | None, ...]:
+                                 config: dict | None = None, path: str = "atomic") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
-    here): three launches (delta, dQ over the row schedule, dK/dV over the column schedule), no atomics.
+    here). ``path`` (from :func:`backward_path`): ``"atomic"``, delta then dK/dV over the column schedule with
+    dQ added atomically (used when dQ and dK or dV are needed; otherwise the deterministic kernels run, which
+    are as fast for one side alone), or ``"deterministic"``, delta, dQ over the row schedule and dK/dV over the
+    column schedule, no atomics.
 
     Arguments:
         do: ``[B, H, L, D]``, the output gradient (any strides, also expanded ones).
@@ -368,9 +396,10 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         BLOCK_M=pre_block, HEAD_DIM=head_dim,
     )
 
-    # -- dQ over the row schedule
-    dq = None
-    if needs[0]:
+    # -- dQ over the row schedule (deterministic), or a zeroed float32 buffer the dK/dV kernel adds to (atomic)
+    atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
+    if needs[0] and not atomic:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cfg = config["dq"]
         tile0 = q_offset // cfg["BLOCK_M"] * cfg["BLOCK_M"]
@@ -390,11 +419,13 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]
         attention_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads)](
-            q, k, v, do, lse, delta, dk, dv, column.offsets, column.indices,
+            q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, column.offsets, column.indices,
             scale, scale * LOG2E, seq_len, q_len, q_offset,
             heads, kv_heads, heads // kv_heads, lane_heads, group, 0 if shared else column.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-            lse.stride(0), lse.stride(1),
-            **common, **cfg,
+            *(dq.stride() if atomic else (0, 0, 0, 0)), lse.stride(0), lse.stride(1),
+            ATOMIC_DQ=atomic, **common, **cfg,
         )
+    if atomic:
+        dq = dq.to(q.dtype)
     return dq, (dk if needs[1] else None), (dv if needs[2] else None)

@@ -16,12 +16,12 @@ class _ScheduledAttention(torch.autograd.Function):
     log-sum-exp output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float):
+    def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float, backward_path: str):
         from . import forward  # triton is imported on first use
 
         out, lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, True)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.schedule, ctx.scale = schedule, scale
+        ctx.schedule, ctx.scale, ctx.backward_path = schedule, scale, backward_path
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -32,8 +32,9 @@ class _ScheduledAttention(torch.autograd.Function):
 
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = backward.scheduled_attention_backward(d_out, q, k, v, out, lse, ctx.schedule, ctx.scale,
-                                                           needs=tuple(ctx.needs_input_grad[:3]))
-        return dq, dk, dv, None, None
+                                                           needs=tuple(ctx.needs_input_grad[:3]),
+                                                           path=ctx.backward_path)
+        return dq, dk, dv, None, None, None
 
 
 def _decode_queries() -> int:
@@ -43,7 +44,7 @@ def _decode_queries() -> int:
 
 
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
-                        scale: float | None = None, return_lse: bool = False):
+                        scale: float | None = None, return_lse: bool = False, *, deterministic: bool | None = None):
     """Causal softmax attention over the key blocks that ``schedule`` lists for each query block, computed
     by Triton kernels (on CUDA, or in Triton's interpreter on the CPU when ``TRITON_INTERPRET=1`` was set
     before triton was imported).
@@ -64,24 +65,31 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.
 
     Differentiable w.r.t. q, k and v (a Triton backward pass; gradients come back in the inputs' shapes and
-    dtypes, deterministic bit for bit). The schedule carries no gradient, and the returned log-sum-exp is
-    not differentiable (it is marked so: backpropagating through it alone raises). Second derivatives are
-    not supported and raise.
+    dtypes). By default dQ is accumulated with atomic adds in float32 (the fast path; its last bits may vary
+    between runs); ``deterministic=True``, or ``deterministic=None`` (the default) while
+    ``torch.use_deterministic_algorithms(True)`` is in force, runs the backward without atomics, bit for bit
+    reproducible (:func:`topo_attn.attention.backward.backward_path` decides). The schedule carries no
+    gradient, and the returned log-sum-exp is not differentiable (it is marked so: backpropagating through it
+    alone raises). Second derivatives are not supported and raise.
 
     Raises ``TypeError`` / ``ValueError`` naming the argument, before any launch, for bad shapes, dtypes,
     devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, k shorter than q, a
-    schedule built for another key or query length, lanes or device, and a non-finite, zero or non-float
-    scale."""
+    schedule built for another key or query length, lanes or device, a non-finite, zero or non-float
+    scale, and a ``deterministic`` that is not a bool or None."""
     from .forward import INTERPRETED  # triton is imported on first use
 
     shape = check_qkv(q, k, v, shorter_q=True)
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)
     check_kernel_inputs(q, k, v, shape, schedule, INTERPRETED)
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True, False or None, got {type(deterministic).__name__}")
     if shape.rank == 2:
         q, k, v = q[None, None], k[None, None], v[None, None]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale)
+        from .backward import backward_path
+
+        out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale, backward_path(deterministic))
     elif shape.seq_len < shape.kv_len and shape.seq_len <= _decode_queries():
         from . import decode  # a few queries at the end of the keys: the split-K decode kernel
 

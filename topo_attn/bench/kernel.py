@@ -33,8 +33,10 @@ LLM_COLUMNS = ["case", "visited / causal blocks", "SDPA ms (TF/s)", "ours ms (TF
 def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool = True) -> dict:
     """One row for ``case`` of ``suite`` (``"pr"`` or ``"llm"``), on a CUDA GPU: build the schedule, check the
     kernel against the float32 reference on sampled rows and heads, time SDPA, ours (topology and dense CSR
-    schedules) and, with ``with_flex``, FlexAttention (a failing FlexAttention is reported on stderr and its
-    columns are NaN). ``median_ms(fn)`` times a call."""
+    schedules) and, with ``with_flex``, FlexAttention (compiled afresh per case with ``fullgraph=True``, so
+    dynamo cannot fall back to eager unseen, and its output checked on the same sample as ours: a failure, or
+    an output off by more than ten times ours, is reported on stderr and in ``flex_failure``, and its columns
+    are NaN). ``median_ms(fn)`` times a call."""
     import torch.nn.functional as F
 
     import topo_attn as ta
@@ -74,19 +76,25 @@ def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool
     sdpa_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
     ours_ms = median_ms(lambda: ta.scheduled_attention(q, k, v, schedule))
     dense_ms = median_ms(lambda: ta.scheduled_attention(q, k, v, dense))
-    flex_ms = float("nan")
+    flex_ms, flex_err, flex_failure = float("nan"), None, None
     if with_flex:
         from torch.nn.attention.flex_attention import flex_attention
 
-        torch._dynamo.reset()  # a fresh compile per case: past 8 shapes dynamo would fall back to eager
-        flex = torch.compile(flex_attention, dynamic=False)
+        # a fresh compile per case (past 8 shapes dynamo would fall back to eager), and fullgraph: a graph
+        # break or a fallback raises instead of timing eager FlexAttention
+        torch._dynamo.reset()
+        flex = torch.compile(flex_attention, dynamic=False, fullgraph=True)
         block_mask = schedule.to_flex_block_mask()
         options = {"kernel_options": {"BLOCK_M": 64, "BLOCK_N": 64}} if bs == 64 else {}
         try:
-            flex(q, k, v, block_mask=block_mask, enable_gqa=gqa, **options)
+            flex_out = flex(q, k, v, block_mask=block_mask, enable_gqa=gqa, **options)
+            flex_err = (flex_out[:, heads, rows].float() - ref).abs().max().item()
+            if not flex_err <= 10 * max(max_err, 1e-3):  # the same sample as ours: a wrong mask is no timing
+                raise ValueError(f"FlexAttention's output is off by {flex_err:.2e} (ours {max_err:.2e})")
             flex_ms = median_ms(lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa, **options))
         except Exception as exc:  # report, do not hide: the row shows NaN and the reason
-            print(f"  FlexAttention failed on {case.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            flex_failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+            print(f"  FlexAttention failed on {case.name}: {flex_failure}", file=sys.stderr)
 
     causal_pairs = S * (S + 1) // 2
     visited = visited_pairs(schedule)
@@ -100,7 +108,8 @@ def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool
         limit_ms=sdpa_ms * visited / causal_pairs,
         sdpa_tflops=tflops(causal_pairs, sdpa_ms), ours_tflops=tflops(visited, ours_ms),
         flex_tflops=tflops(visited, flex_ms), dense_csr_tflops=tflops(causal_pairs, dense_ms),
-        build_ms=statistics.median(build_times), max_abs_error=max_err,
+        build_ms=statistics.median(build_times), max_abs_error=max_err, flex_max_abs_error=flex_err,
+        flex_failure=flex_failure,
     )
     row["ours_vs_sdpa_tflops"] = row["ours_tflops"] / row["sdpa_tflops"]
     row["flex_over_ours_time"] = flex_ms / ours_ms

@@ -8,6 +8,10 @@ results, read separately; the language-model study's file (suite ``lm``, ``pytho
 with sections ``perplexity``, ``retrieval``, ``recall`` and ``speed`` instead of ``rows``) is read by
 :func:`load_lm_quality` and :func:`lm_quality_tables`.
 
+A row may carry ``invalid``: a dict naming the columns found wrong after the measurement and why (for
+example ``{"flex": "dynamo fell back to eager"}``). The loaders refuse such a file (``ValueError`` naming the
+file, the case and the reason): an invalid figure is re-measured, never shown.
+
 Every result file also says which code produced it (:data:`COMMIT_KEYS`): ``commit``, the short hash of the
 repository's commit (``None`` when it is not known), ``dirty``, whether ``topo_attn/`` had uncommitted changes
 (left out when not known), and ``commit_source``, how the commit was determined or why there is none. The
@@ -48,6 +52,8 @@ LM_PASSKEY_SUITE = "lm_passkey_generate"
 """The suite of the passkey probe answered by generation (``python -m topo_attn.lm passkey``)."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
+INVALID_KEY = "invalid"
+"""A row's field naming the columns found wrong after the measurement, and why (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ def _kernel_benchmark(path: Path, data: object) -> KernelBenchmark | None:
         if lacking:
             raise ValueError(f"{path}: row {i} lacks {lacking}; every row needs {list(ROW_KEYS)}")
     _check_commit(path, data)
+    refuse_invalid_rows(path, data["rows"])
     return KernelBenchmark(Path(path), *(str(data[k]) for k in HEADER_KEYS[:-1]), list(data["rows"]),
                            *(data.get(k) for k in COMMIT_KEYS))
 
@@ -181,11 +188,20 @@ def _check_commit(path: Path, data: dict) -> None:
                              f"got {data[key]!r}")
 
 
+def refuse_invalid_rows(path: str | Path, rows: Sequence) -> None:
+    """Raise ``ValueError`` naming ``path``, the case and the reason when a row of ``rows`` carries
+    :data:`INVALID_KEY` (a figure found wrong after it was measured is re-measured, not shown)."""
+    for i, row in enumerate(rows):
+        if isinstance(row, dict) and row.get(INVALID_KEY):
+            raise ValueError(f"{path}: row {i} ({row.get('case', '?')}) is marked invalid: {row[INVALID_KEY]}; "
+                             f"re-measure it with python -m {RUNNER} instead of showing it")
+
+
 def load_kernel_benchmarks(results_dir: str | Path | None = None) -> list[KernelBenchmark]:
     """Every kernel result in ``results_dir`` (default ``data/benchmarks``), sorted by file name. Files
-    without a ``rows`` key are skipped; a file with ``rows`` but without the other header keys, or with rows
-    that lack a required column, raises ``ValueError`` naming the file and the missing keys; a missing
-    ``results_dir`` raises ``FileNotFoundError`` naming it."""
+    without a ``rows`` key are skipped; a file with ``rows`` but without the other header keys, with rows
+    that lack a required column, or with a row marked :data:`INVALID_KEY`, raises ``ValueError`` naming the
+    file and what is wrong; a missing ``results_dir`` raises ``FileNotFoundError`` naming it."""
     found = (_kernel_benchmark(path, data) for path, data in _json_files(results_dir))
     return [b for b in found if b is not None]
 
@@ -195,13 +211,15 @@ def load_suite(suite: str, results_dir: str | Path | None = None) -> list[tuple[
     (default ``data/benchmarks``): per file, its header (GPU, versions, command, date, the file's note or None,
     the :data:`COMMIT_KEYS` present in the file, path) and its rows as a pandas DataFrame (:func:`commit_text`
     of the header says the commit in words). Empty when none has been committed; a missing ``results_dir``
-    raises ``FileNotFoundError`` naming it; :data:`COMMIT_KEYS` of the wrong type raise ``ValueError``."""
+    raises ``FileNotFoundError`` naming it; :data:`COMMIT_KEYS` of the wrong type and rows marked
+    :data:`INVALID_KEY` raise ``ValueError``."""
     import pandas as pd
 
     found = []
     for path, data in _json_files(results_dir):
         if isinstance(data, dict) and data.get("suite") == suite and isinstance(data.get("rows"), list):
             _check_commit(path, data)
+            refuse_invalid_rows(path, data["rows"])
             header = ({k: data.get(k) for k in ("gpu", "torch", "triton", "command", "date", "note")}
                       | {k: data[k] for k in COMMIT_KEYS if k in data} | {"path": path.name})
             found.append((header, pd.DataFrame(data["rows"])))

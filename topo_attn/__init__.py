@@ -8,7 +8,7 @@ Without a GPU, set ``TRITON_INTERPRET=1`` in the environment before triton is fi
 it on the first call of ``scheduled_attention``) to run the Triton kernel in Triton's interpreter on the CPU.
 """
 
-from .attention import dense_masked_attention, scheduled_attention
+from .attention import dense_masked_attention, forward_kernel, scheduled_attention
 from .rule import SOURCE_NAMES
 from .schedule import BlockSchedule, ScheduleCounts, dense_causal_schedule, num_blocks
 from .topology import (block_centroids, block_salience, centroid_distances, minimum_spanning_tree,
@@ -26,6 +26,7 @@ __all__ = [
     "centroid_distances",
     "dense_causal_schedule",
     "dense_masked_attention",
+    "forward_kernel",
     "minimum_spanning_tree",
     "num_blocks",
     "persistence_barcode",

@@ -41,11 +41,12 @@ def test_markdown_rows():
                block_reduction=0.81, dense_masked_ms=1.0, sdpa_ms=3.85, ours_ms=1.04, dense_csr_ms=5.2,
                flex_ms=1.23, limit_ms=0.72, sdpa_tflops=572.0, ours_tflops=400.0, flex_tflops=340.0,
                ours_vs_sdpa_tflops=0.7, flex_over_ours_time=1.18, dense_csr_over_sdpa_time=1.35, build_ms=15.0,
-               max_abs_error=6e-4)
+               max_abs_error=6e-4, ours_host_us=17.25, ours_graph_ms=1.01)
     table = kernel_markdown([row], "llm")
     assert "| B1 H32 S16k D128 b128 | 1554 / 8256 | 3.850 (572) | 1.040 (400) |" in table
     pr = kernel_markdown([row], "pr")
     assert pr.splitlines()[0].startswith("| seq | scheduled / dense blocks") and "| 16384 | 1554 / 8256 |" in pr
+    assert "Triton host us" in pr and "| 17.2 | 1.0100 |" in pr
     assert not math.isnan(row["ours_tflops"])
 
 
@@ -142,7 +143,7 @@ def test_select_suite_rows_on_a_small_input(device):
 FAKE_ROW = dict(scheduled_blocks=59, causal_blocks=136, block_reduction=0.57, dense_masked_ms=0.1, sdpa_ms=0.016,
                 ours_ms=0.011, dense_csr_ms=0.02, flex_ms=0.03, limit_ms=0.0065, sdpa_tflops=8.2, ours_tflops=4.7,
                 flex_tflops=1.0, ours_vs_sdpa_tflops=0.57, flex_over_ours_time=2.7, dense_csr_over_sdpa_time=1.25,
-                build_ms=1.5, max_abs_error=1e-3)
+                build_ms=1.5, max_abs_error=1e-3, ours_host_us=12.0, ours_graph_ms=0.008)
 
 
 def fake_gpu_runner(monkeypatch) -> list[str]:

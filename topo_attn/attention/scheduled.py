@@ -10,16 +10,56 @@ from .._checks import check_kernel_inputs, check_qkv, check_scale
 from ..schedule import BlockSchedule, check_schedule_for
 
 
+FORWARD_KERNELS = ("auto", "portable", "hopper")
+"""The ``kernel`` choices of :func:`scheduled_attention` (see :func:`forward_kernel`)."""
+
+
+def forward_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule, scale: float,
+                   kernel: str = "auto") -> tuple[str, str | None]:
+    """The forward kernel a call of :func:`scheduled_attention` runs, and why not the other: the one place
+    that picks it. ``("hopper", None)``: the Gluon warp-specialised forward
+    (:mod:`topo_attn.attention.hopper`); ``("portable", reason)``: the Triton forward
+    (:mod:`topo_attn.attention.forward`), with why the Hopper one does not apply (``"asked for"`` when
+    ``kernel="portable"``).
+
+    ``kernel``: ``"auto"`` takes the Hopper kernel where it applies (a Hopper GPU, triton 3.6, fp16/bf16, head
+    dim 64 or 128, ...; :func:`~topo_attn.attention.hopper.hopper_unsupported_reason`), else the portable one;
+    ``"portable"`` always the portable one; ``"hopper"`` the Hopper one or a ``ValueError`` with the reason.
+    Inputs are those of :func:`scheduled_attention`, already validated. Raises ``ValueError`` for another
+    ``kernel``. No device synchronisation."""
+    if kernel not in FORWARD_KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(map(repr, FORWARD_KERNELS))}, got {kernel!r}")
+    if kernel == "portable":
+        return "portable", "asked for"
+    from .hopper import hopper_unsupported_reason
+
+    reason = hopper_unsupported_reason(q, k, v, schedule)
+    if reason is None and scale < 0:
+        reason = "a negative softmax scale"
+    if reason is not None and kernel == "hopper":
+        raise ValueError(f"kernel='hopper' cannot run this call: {reason}")
+    return ("hopper", None) if reason is None else ("portable", reason)
+
+
+def _forward(kernel: str, q, k, v, schedule: BlockSchedule, scale: float, return_lse: bool):
+    """Launch the forward ``kernel`` (``"hopper"`` or ``"portable"``, from :func:`forward_kernel`)."""
+    if kernel == "hopper":
+        from .hopper import hopper_forward
+
+        return hopper_forward(q, k, v, schedule, scale, return_lse)
+    from .forward import scheduled_attention_forward
+
+    return scheduled_attention_forward(q, k, v, schedule, scale, return_lse)
+
+
 class _ScheduledAttention(torch.autograd.Function):
     """Forward and backward Triton kernels on validated ``[B, H, S, D]`` inputs. The forward saves
     ``q, k, v, out`` and the log-sum-exp; the backward recomputes the probabilities from them. The
     log-sum-exp output is not differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float, backward_path: str):
-        from . import forward  # triton is imported on first use
-
-        out, lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, True)
+    def forward(ctx, q, k, v, schedule: BlockSchedule, scale: float, kernel: str, backward_path: str):
+        out, lse = _forward(kernel, q, k, v, schedule, scale, True)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.schedule, ctx.scale, ctx.backward_path = schedule, scale, backward_path
         ctx.mark_non_differentiable(lse)
@@ -34,7 +74,7 @@ class _ScheduledAttention(torch.autograd.Function):
         dq, dk, dv = backward.scheduled_attention_backward(d_out, q, k, v, out, lse, ctx.schedule, ctx.scale,
                                                            needs=tuple(ctx.needs_input_grad[:3]),
                                                            path=ctx.backward_path)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def _decode_queries() -> int:
@@ -44,7 +84,8 @@ def _decode_queries() -> int:
 
 
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
-                        scale: float | None = None, return_lse: bool = False, *, deterministic: bool | None = None):
+                        scale: float | None = None, return_lse: bool = False, *, deterministic: bool | None = None,
+                        kernel: str = "auto"):
     """Causal softmax attention over the key blocks that ``schedule`` lists for each query block, computed
     by Triton kernels (on CUDA, or in Triton's interpreter on the CPU when ``TRITON_INTERPRET=1`` was set
     before triton was imported).
@@ -56,9 +97,11 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     or with lanes ``(B, H)`` or ``(B, H_kv)``, on q's device, block size a power of two >= 16. scale: defaults
     to ``1 / sqrt(D)``.
 
-    Kernels: the forward kernel (one program per query tile), or, for decode steps (``L < S`` and
-    ``L <=`` :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16) without gradients, the split-K decode
-    kernel (the scheduled key blocks of each lane spread over programs, the query heads of a
+    Kernels: a forward kernel (one program per query tile: on a Hopper GPU with triton 3.6 the Gluon
+    warp-specialised one where it applies, else the portable Triton one; ``kernel`` = ``"auto"``,
+    ``"portable"`` or ``"hopper"``, and :func:`forward_kernel` says which runs and why), or, with ``kernel="auto"``
+    for decode steps (``L < S`` and ``L <=`` :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16)
+    without gradients, the split-K decode kernel (the scheduled key blocks of each lane spread over programs, the query heads of a
     key/value head packed in one tile when the schedule is shared or per key/value head).
 
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
@@ -75,7 +118,8 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     Raises ``TypeError`` / ``ValueError`` naming the argument, before any launch, for bad shapes, dtypes,
     devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, k shorter than q, a
     schedule built for another key or query length, lanes or device, a non-finite, zero or non-float
-    scale, and a ``deterministic`` that is not a bool or None."""
+    scale, a ``deterministic`` that is not a bool or None, and a ``kernel`` not in :data:`FORWARD_KERNELS` or
+    ``kernel="hopper"`` where the Hopper kernel does not apply (the message says why)."""
     from .forward import INTERPRETED  # triton is imported on first use
 
     shape = check_qkv(q, k, v, shorter_q=True)
@@ -86,21 +130,22 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
         raise TypeError(f"deterministic must be True, False or None, got {type(deterministic).__name__}")
     if shape.rank == 2:
         q, k, v = q[None, None], k[None, None], v[None, None]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    decode = not grad and kernel == "auto" and shape.seq_len < shape.kv_len and shape.seq_len <= _decode_queries()
+    name = None if decode else forward_kernel(q, k, v, schedule, scale, kernel)[0]
+    if grad:
         from .backward import backward_path
 
-        out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale, backward_path(deterministic))
-    elif shape.seq_len < shape.kv_len and shape.seq_len <= _decode_queries():
-        from . import decode  # a few queries at the end of the keys: the split-K decode kernel
+        out, lse = _ScheduledAttention.apply(q, k, v, schedule, scale, name, backward_path(deterministic))
+    elif decode:
+        from . import decode as decoding  # a few queries at the end of the keys: the split-K decode kernel
 
-        out, lse = decode.scheduled_decode_forward(q, k, v, schedule.offsets, schedule.indices, schedule.block_size,
-                                                   schedule.first_query_block,
-                                                   0 if schedule.lanes is None else schedule.lanes[1], scale,
-                                                   return_lse)
+        out, lse = decoding.scheduled_decode_forward(q, k, v, schedule.offsets, schedule.indices,
+                                                     schedule.block_size, schedule.first_query_block,
+                                                     0 if schedule.lanes is None else schedule.lanes[1], scale,
+                                                     return_lse)
     else:
-        from . import forward
-
-        out, lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, return_lse)
+        out, lse = _forward(name, q, k, v, schedule, scale, return_lse)
     if shape.rank == 2:
         out, lse = out[0, 0], (lse[0, 0] if lse is not None else None)
     return (out, lse) if return_lse else out

@@ -6,7 +6,12 @@ and with the dense causal CSR schedule; SDPA's and FlexAttention's times; the ke
 float32 :func:`~topo_attn.attention.reference.dense_masked_attention` on sampled rows and heads. TFLOP/s count
 the work done: the causal token pairs for SDPA, the visited token pairs for the block-sparse kernels.
 ``limit`` is SDPA's time scaled by the visited fraction: what a block-sparse kernel as efficient as SDPA would
-take. The ``pr`` suite adds #22's own column, its dense masked torch reference in float32.
+take. ``ours_host_us`` is the host time of one call (:func:`~topo_attn.bench.timing.host_us`: validation,
+tile choice and Triton's launch) and ``ours_graph_ms`` the kernel's time alone (a CUDA graph replay); at short
+sequences the first can exceed the second, and the eager ``ours_ms`` then counts the host's time. The ``pr``
+suite adds #22's own column, its dense masked torch reference in float32. ``forward_kernel`` names the forward
+that ran (:func:`~topo_attn.forward_kernel`: ``"hopper"`` or ``"portable"``, with ``forward_fallback`` saying
+why not the Hopper one).
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ import torch
 
 from .cases import Case
 from .table import markdown_header
-from .timing import visited_pairs
+from .timing import graph_median_ms, host_us, visited_pairs
 
 PR_COLUMNS = ["seq", "scheduled / dense blocks", "block reduction", "dense masked ms", "full causal SDPA ms",
               "Triton dense CSR ms", "Triton scheduled ms", "Triton sparse vs dense CSR", "Triton vs SDPA",
-              "max abs error"]
+              "Triton host us", "Triton graph ms", "max abs error"]
 LLM_COLUMNS = ["case", "visited / causal blocks", "SDPA ms (TF/s)", "ours ms (TF/s)", "flex ms (TF/s)", "limit ms",
                "ours / SDPA TF/s", "flex / ours time", "dense CSR / SDPA time", "build ms", "max abs error"]
 
@@ -75,6 +80,9 @@ def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool
     gqa = H_kv != H
     sdpa_ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
     ours_ms = median_ms(lambda: ta.scheduled_attention(q, k, v, schedule))
+    kernel, fallback = ta.forward_kernel(q, k, v, schedule, D ** -0.5)
+    ours_host_us = host_us(lambda: ta.scheduled_attention(q, k, v, schedule))
+    ours_graph_ms = graph_median_ms(lambda: ta.scheduled_attention(q, k, v, schedule))
     dense_ms = median_ms(lambda: ta.scheduled_attention(q, k, v, dense))
     flex_ms, flex_err, flex_failure = float("nan"), None, None
     if with_flex:
@@ -104,7 +112,9 @@ def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool
         case=case.name, suite=suite, **{f"cfg_{k}": v for k, v in asdict(case).items()}, topk_used=topk,
         seq_len=S, scheduled_blocks=schedule.nnz, causal_blocks=dense.nnz,
         block_reduction=1 - schedule.nnz / dense.nnz, visited_fraction=visited / causal_pairs,
-        sdpa_ms=sdpa_ms, ours_ms=ours_ms, dense_csr_ms=dense_ms, flex_ms=flex_ms,
+        forward_kernel=kernel, forward_fallback=fallback,
+        sdpa_ms=sdpa_ms, ours_ms=ours_ms, ours_host_us=ours_host_us, ours_graph_ms=ours_graph_ms,
+        dense_csr_ms=dense_ms, flex_ms=flex_ms,
         limit_ms=sdpa_ms * visited / causal_pairs,
         sdpa_tflops=tflops(causal_pairs, sdpa_ms), ours_tflops=tflops(visited, ours_ms),
         flex_tflops=tflops(visited, flex_ms), dense_csr_tflops=tflops(causal_pairs, dense_ms),
@@ -130,7 +140,7 @@ def kernel_markdown(rows: list[dict], suite: str) -> str:
                 f"| {r['seq_len']} | {r['scheduled_blocks']} / {r['causal_blocks']} | {r['block_reduction']:.1%} | "
                 f"{r['dense_masked_ms']:.3f} | {r['sdpa_ms']:.3f} | {r['dense_csr_ms']:.3f} | {r['ours_ms']:.3f} | "
                 f"{r['dense_csr_ms'] / r['ours_ms']:.2f}x | {r['sdpa_ms'] / r['ours_ms']:.2f}x | "
-                f"{r['max_abs_error']:.4f} |")
+                f"{r['ours_host_us']:.1f} | {r['ours_graph_ms']:.4f} | {r['max_abs_error']:.4f} |")
         return "\n".join(lines)
     lines = markdown_header(LLM_COLUMNS)
     for r in rows:

@@ -19,6 +19,28 @@ def median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 3
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def host_us(fn: Callable[[], object], calls: int = 200, warmup: int = 20, repeats: int = 5) -> float:
+    """Host time of one call of ``fn()`` in microseconds: the wall time of ``calls`` back-to-back calls
+    without synchronising, divided by ``calls`` (median of ``repeats``; ``warmup`` calls first). While the GPU
+    keeps up (each call's kernels are shorter than its host path, and the launch queue does not fill), this is
+    the Python and launch work between a call and its kernels, which a short kernel waits for. Needs a CUDA
+    GPU."""
+    import statistics
+    import time
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def graph_median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:
     """Median time in milliseconds of replaying a CUDA graph that holds one call of ``fn()`` (captured after
     three eager calls on a side stream), by ``triton.testing.do_bench`` (the L2 cache is flushed between

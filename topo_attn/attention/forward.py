@@ -12,6 +12,8 @@ helpers :func:`load_tile`, :func:`store_tile` and :func:`mma_operand` are shared
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -242,6 +244,13 @@ def tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
                 NUM_STAGES=stages, TMA=tma)
 
 
+@functools.lru_cache(maxsize=None)
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """``torch.cuda.get_device_capability(device)`` for a CUDA device, read once per device (the launch path
+    asks on every call)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def tma_eligible(*tensors: torch.Tensor) -> bool:
     """Whether TMA descriptors can address all these ``[B, H, S, D]`` tensors.
 
@@ -250,7 +259,7 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
     Raises nothing for CPU tensors; for CUDA tensors the device is queried."""
     if TensorDescriptor is None:
         return False
-    if not INTERPRETED and torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    if not INTERPRETED and device_capability(tensors[0].device)[0] < 9:
         return False
     for t in tensors:
         size = t.element_size()

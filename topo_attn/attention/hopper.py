@@ -43,6 +43,8 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    from .forward import device_capability
+
     _GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this
         _GLUON_MISSING = f"triton {triton.__version__}: the Gluon kernel is written for triton 3.6's API"
@@ -288,7 +290,7 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             return "Triton interpreter (the Gluon kernel needs a compiled Hopper target)"
         if q.device.type != "cuda":
             return f"tensors on {q.device.type}, not on a CUDA GPU"
-        major, minor = torch.cuda.get_device_capability(q.device)
+        major, minor = device_capability(q.device)
         if (major, minor) != (9, 0):
             return f"not a Hopper GPU (sm_{major}{minor})"
         if q.dtype not in (torch.float16, torch.bfloat16):

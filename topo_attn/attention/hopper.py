@@ -28,6 +28,7 @@ without a GPU), and then every call is unsupported.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -318,11 +319,17 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return f"could not inspect the inputs ({type(error).__name__}: {error})"
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
+    """The swizzled shared-memory layout of a ``[1, 1, block_rows, head_dim]`` tile (computed once: it costs
+    microseconds on the launch path)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, head_dim],
+                                                gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
 def _descriptor(t: torch.Tensor, block_rows: int) -> "TensorDescriptor":
     block = [1, 1, block_rows, t.shape[-1]]
-    dtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _shared_layout(block_rows, t.shape[-1], t.dtype))
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, scale: float,

@@ -17,7 +17,7 @@ import topo_attn as ta
 from topo_attn.bench.cases import SUITES, Case
 from topo_attn.bench.decode import (DECODE_COLUMNS, GOAL_SPEEDUP_KV_LEN, HBM_PEAK_TBPS, PATHS, block_mask_bytes,
                                     decode_bytes, decode_markdown, device_copy_tbps, flex_decoders, metadata_bytes,
-                                    one_in_eight_mask, run_decode_case, scheduled_kv_reads)
+                                    one_in_eight_mask, peak_tbps_for, run_decode_case, scheduled_kv_reads)
 
 HAS_DECODE_API = all("q_len" in inspect.signature(f).parameters
                      for f in (ta.dense_causal_schedule, ta.BlockSchedule.from_block_mask))
@@ -145,8 +145,9 @@ def test_runner_runs_the_decode_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     timing_median_ms = median_ms
     seen = []
 
-    def fake(case, median_ms, with_flex=True, select_step=None, select_timer=None):
+    def fake(case, median_ms, with_flex=True, select_step=None, select_timer=None, peak_tbps=None):
         assert callable(select_step) and select_timer is timing_median_ms
+        assert peak_tbps == HBM_PEAK_TBPS  # a GPU not in the datasheet table: the H200's peak
         seen.append((case.name, median_ms, with_flex))
         return [_row("ours 1/8", 0.3, case=case.name)]
 
@@ -219,3 +220,9 @@ def test_decode_case_rows_on_the_interpreter(device):
     table = decode_markdown(rows).splitlines()
     assert len(table) == 5 and table[4].startswith("| tiny | ours 1/8 | 16 / 152 | 0.1 | 0.250 |")
     assert table[3].endswith("| ✓ |") and table[4].endswith("| 0.125 | ✗ |  |  |  |")
+
+
+def test_peak_bandwidth_follows_the_gpu_name():
+    assert peak_tbps_for("NVIDIA H200") == 4.8
+    assert peak_tbps_for("NVIDIA H100 80GB HBM3") == 3.35
+    assert peak_tbps_for("NVIDIA Test GPU") == HBM_PEAK_TBPS

@@ -34,7 +34,7 @@ tokens (real token counts: the last block may be partial) of each (batch, kv hea
 head (the kit packs a kv head's query heads; :func:`scheduled_kv_reads`) and the CSR metadata
 (:func:`metadata_bytes`); for SDPA and dense FlexAttention all of K and V; FlexAttention adds the block counts
 and indices of its block mask that it reads (:func:`block_mask_bytes`). TB/s divide those bytes by the time;
-``peak_fraction`` is over the datasheet peak (:data:`HBM_PEAK_TBPS`, H200), ``copy_fraction`` over a
+``peak_fraction`` is over the GPU's datasheet peak (:func:`peak_tbps_for`; the runner passes it), ``copy_fraction`` over a
 device-to-device copy measured in the same process (:func:`device_copy_tbps`, bytes read + written; pass
 ``copy_tbps`` to skip it).
 
@@ -77,6 +77,15 @@ Q_LEN = 1
 
 HBM_PEAK_TBPS = 4.8
 """The H200's datasheet HBM3e bandwidth, TB/s."""
+DATASHEET_TBPS = {"H200": 4.8, "H100 80GB HBM3": 3.35, "H100 NVL": 3.9, "H100 PCIe": 2.0}
+"""Datasheet HBM bandwidth (TB/s) by a part of the GPU's name, for :func:`peak_tbps_for`."""
+
+
+def peak_tbps_for(gpu_name: str) -> float:
+    """The datasheet HBM bandwidth of the GPU called ``gpu_name`` (``torch.cuda.get_device_name()``), TB/s:
+    the first entry of :data:`DATASHEET_TBPS` whose key is in the name; :data:`HBM_PEAK_TBPS` (the H200's)
+    for a GPU not listed."""
+    return next((tbps for part, tbps in DATASHEET_TBPS.items() if part in gpu_name), HBM_PEAK_TBPS)
 
 GOAL_PEAK_FRACTION = 0.70
 GOAL_SPEEDUP = 5.0

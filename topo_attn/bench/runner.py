@@ -25,7 +25,7 @@ import torch
 
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
-from .decode import decode_markdown, quest_step, run_decode_case
+from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
 from .kernel import kernel_markdown, run_kernel_case
 from .model import calls_median_ms, model_markdown, run_model_case
 from .results import RESULTS_DIR, code_version
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "decode":
             timer = graph_median_ms if args.timer == "graph" else median_ms
             found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),
-                                    select_timer=median_ms)
+                                    select_timer=median_ms, peak_tbps=peak_tbps_for(torch.cuda.get_device_name()))
             for row in found:
                 row["timer"] = "cuda graph replay" if args.timer == "graph" else "eager"
         else:

@@ -16,7 +16,7 @@ import topo_attn.attention.backward as backward
 from helpers import TOLERANCE, inputs, random_schedule  # in tests/
 
 
-def _kernel_grads(q, k, v, schedule, d_out, scale=None, deterministic=None):
+def _kernel_grads(q, k, v, schedule, d_out, scale=None, deterministic=True):
     """Output and (dq, dk, dv) of scheduled_attention for fresh leaves holding q, k, v."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = ta.scheduled_attention(*leaves, schedule, scale=scale, deterministic=deterministic)
@@ -43,7 +43,7 @@ def _check_grads(grads, refs, dtype):
         torch.testing.assert_close(grad.double(), ref, atol=tol * scale, rtol=tol, msg=lambda m: f"{name}: {m}")
 
 
-def _compare(q, k, v, schedule, dtype, seed, scale=None, deterministic=None):
+def _compare(q, k, v, schedule, dtype, seed, scale=None, deterministic=True):
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.device, dtype)
     out, grads = _kernel_grads(q, k, v, schedule, d_out, scale, deterministic)
     ref_out, refs = _reference_grads(q, k, v, schedule, d_out, scale)
@@ -179,12 +179,13 @@ def test_backward_is_deterministic(device):
 
 
 @pytest.mark.parametrize("argument,torch_flag,expected", [
-    (None, False, "atomic"), (None, True, "deterministic"), (True, False, "deterministic"),
-    (False, True, "atomic"),
+    (None, False, "deterministic"), (True, False, "deterministic"), (False, False, "atomic"),
+    (False, True, "deterministic"),
 ])
 def test_backward_path_follows_the_argument_then_torch(argument, torch_flag, expected, device, monkeypatch):
-    """``deterministic`` picks the backward; None follows ``torch.use_deterministic_algorithms``. The launcher
-    is wrapped to record the path it was given (it still runs the kernels, whose gradients are checked)."""
+    """The backward is deterministic by default; ``deterministic=False`` takes the atomic path unless
+    ``torch.use_deterministic_algorithms(True)`` is in force. The launcher is wrapped to record the path it
+    was given (it still runs the kernels, whose gradients are checked)."""
     seen = []
     launcher = backward.scheduled_attention_backward
 
@@ -195,20 +196,25 @@ def test_backward_path_follows_the_argument_then_torch(argument, torch_flag, exp
     monkeypatch.setattr(backward, "scheduled_attention_backward", recording)
     q, k, v = inputs((1, 2, 70, 16), (1, 1, 70, 16), torch.float32, device, seed=14)
     schedule = random_schedule(torch.Generator().manual_seed(14), 70, 16, device=device)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(15)).to(device)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(torch_flag)
     try:
-        assert backward.backward_path(argument) == expected
-        _compare(q, k, v, schedule, torch.float32, seed=14, deterministic=argument)
+        kwargs = {} if argument is None else {"deterministic": argument}
+        assert backward.backward_path(**kwargs) == expected
+        ta.scheduled_attention(*leaves, schedule, **kwargs).backward(d_out)
     finally:
         torch.use_deterministic_algorithms(previous)
     assert seen == [expected]
+    _check_grads([t.grad for t in leaves], _reference_grads(q, k, v, schedule, d_out)[1], torch.float32)
 
 
-def test_deterministic_must_be_a_bool_or_none(device):
+def test_deterministic_must_be_a_bool(device):
     q, k, v = inputs((1, 1, 32, 16), (1, 1, 32, 16), torch.float32, device, seed=15)
-    with pytest.raises(TypeError, match="deterministic must be True, False or None, got int"):
-        ta.scheduled_attention(q, k, v, ta.dense_causal_schedule(32, 16, device=device), deterministic=1)
+    for bad in (1, None):
+        with pytest.raises(TypeError, match="deterministic must be True or False, got"):
+            ta.scheduled_attention(q, k, v, ta.dense_causal_schedule(32, 16, device=device), deterministic=bad)
 
 
 def test_tile_shapes_agree(device):

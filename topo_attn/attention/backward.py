@@ -2,18 +2,20 @@
 
 Two paths (:func:`backward_path` picks one):
 
-- ``"atomic"`` (the default; two launches and a cast): ``attention_bwd_preprocess_kernel`` computes
-  ``delta = rowsum(O * dO)`` per query (float32); ``attention_bwd_dkdv_kernel`` with ``ATOMIC_DQ`` walks the
-  *column* of each key block and, besides dK and dV, adds each query tile's share ``dS K * scale`` of dQ to
-  a float32 buffer with atomic adds (five matrix products per key/query tile pair, as FlashAttention-2). The
-  order of the atomic adds varies from run to run, so dQ may differ in its last bits between runs.
-- ``"deterministic"`` (three launches, no atomics, gradients bit-for-bit reproducible): the preprocess, then
+- ``"deterministic"`` (the default; three launches, no atomics, gradients bit-for-bit reproducible): the
+  preprocess ``attention_bwd_preprocess_kernel`` (``delta = rowsum(O * dO)`` per query, float32), then
   ``attention_bwd_dq_kernel``, one program per (query tile, query lane) walking the CSR row of its query block
   like the forward (off-diagonal blocks unmasked, the diagonal block last with the causal mask), recomputing
   ``P`` and accumulating ``dQ = dS K * scale``, and ``attention_bwd_dkdv_kernel`` without ``ATOMIC_DQ``: one
   program per (key tile, key/value lane) walking the column of its key block (``BlockSchedule.transpose()``:
   the query blocks that read it) for every query head of its GQA group, accumulating ``dV = P^T dO`` and
   ``dK = dS^T Q * scale`` in registers (seven products per pair in all).
+- ``"atomic"`` (``deterministic=False``; two launches and a cast): the preprocess, then
+  ``attention_bwd_dkdv_kernel`` with ``ATOMIC_DQ``, which besides dK and dV adds each query tile's share
+  ``dS K * scale`` of dQ to a float32 buffer with atomic adds (five products per key/query tile pair, as
+  FlashAttention-2). The order of the atomic adds varies from run to run, so dQ may differ in its last bits.
+  Fewer products, but measured slower than the deterministic path with today's tiles (NOTES.md), so it is not
+  the default.
 
 ``P = exp2(Q K^T * scale * log2(e) - lse * log2(e))`` and ``dS = P * (dP - delta)`` with ``dP = dO V^T``.
 """
@@ -346,24 +348,23 @@ def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> 
     return dict(dq=as_dict(*dq), dkdv=as_dict(*dkdv))
 
 
-def backward_path(deterministic: bool | None) -> str:
-    """Which backward :func:`scheduled_attention_backward` runs: ``"deterministic"`` when ``deterministic`` is
-    True, or when it is None and ``torch.are_deterministic_algorithms_enabled()``; else ``"atomic"`` (dQ
-    accumulated with atomic adds: faster, its last bits may vary between runs). The one place that chooses."""
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    return "deterministic" if deterministic else "atomic"
+def backward_path(deterministic: bool = True) -> str:
+    """Which backward :func:`scheduled_attention_backward` runs: ``"deterministic"`` (no atomics) when
+    ``deterministic`` is True or while ``torch.use_deterministic_algorithms(True)`` is in force; else
+    ``"atomic"`` (dQ accumulated with atomic adds; its last bits may vary between runs). The one place that
+    chooses."""
+    return "deterministic" if deterministic or torch.are_deterministic_algorithms_enabled() else "atomic"
 
 
 def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                  out: torch.Tensor, lse: torch.Tensor, schedule, scale: float,
                                  needs: tuple[bool, bool, bool] = (True, True, True),
-                                 config: dict | None = None, path: str = "atomic") -> tuple[torch.Tensor | None, ...]:
+                                 config: dict | None = None,
+                                 path: str = "deterministic") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
-    here). ``path`` (from :func:`backward_path`): ``"atomic"``, delta then dK/dV over the column schedule with
-    dQ added atomically (used when dQ and dK or dV are needed; otherwise the deterministic kernels run, which
-    are as fast for one side alone), or ``"deterministic"``, delta, dQ over the row schedule and dK/dV over the
-    column schedule, no atomics.
+    here). ``path`` (from :func:`backward_path`): ``"deterministic"``, delta, dQ over the row schedule and
+    dK/dV over the column schedule, no atomics; or ``"atomic"``, delta then dK/dV over the column schedule with
+    dQ added atomically (used when dQ and dK or dV are needed; otherwise the deterministic kernels run).
 
     Arguments:
         do: ``[B, H, L, D]``, the output gradient (any strides, also expanded ones).

@@ -84,7 +84,7 @@ def _decode_queries() -> int:
 
 
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
-                        scale: float | None = None, return_lse: bool = False, *, deterministic: bool | None = None,
+                        scale: float | None = None, return_lse: bool = False, *, deterministic: bool = True,
                         kernel: str = "auto"):
     """Causal softmax attention over the key blocks that ``schedule`` lists for each query block, computed
     by Triton kernels (on CUDA, or in Triton's interpreter on the CPU when ``TRITON_INTERPRET=1`` was set
@@ -108,17 +108,17 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.
 
     Differentiable w.r.t. q, k and v (a Triton backward pass; gradients come back in the inputs' shapes and
-    dtypes). By default dQ is accumulated with atomic adds in float32 (the fast path; its last bits may vary
-    between runs); ``deterministic=True``, or ``deterministic=None`` (the default) while
-    ``torch.use_deterministic_algorithms(True)`` is in force, runs the backward without atomics, bit for bit
-    reproducible (:func:`topo_attn.attention.backward.backward_path` decides). The schedule carries no
+    dtypes). By default the backward runs without atomics, bit for bit reproducible; ``deterministic=False``
+    accumulates dQ with atomic adds in float32 (its last bits may vary between runs; measured slower today, see
+    ``attention/NOTES.md``) unless ``torch.use_deterministic_algorithms(True)`` is in force
+    (:func:`topo_attn.attention.backward.backward_path` decides). The schedule carries no
     gradient, and the returned log-sum-exp is not differentiable (it is marked so: backpropagating through it
     alone raises). Second derivatives are not supported and raise.
 
     Raises ``TypeError`` / ``ValueError`` naming the argument, before any launch, for bad shapes, dtypes,
     devices (CPU tensors without ``TRITON_INTERPRET=1``), forward-mode dual tensors, k shorter than q, a
     schedule built for another key or query length, lanes or device, a non-finite, zero or non-float
-    scale, a ``deterministic`` that is not a bool or None, and a ``kernel`` not in :data:`FORWARD_KERNELS` or
+    scale, a ``deterministic`` that is not a bool, and a ``kernel`` not in :data:`FORWARD_KERNELS` or
     ``kernel="hopper"`` where the Hopper kernel does not apply (the message says why)."""
     from .forward import INTERPRETED  # triton is imported on first use
 
@@ -126,8 +126,8 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)
     check_kernel_inputs(q, k, v, shape, schedule, INTERPRETED)
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be True, False or None, got {type(deterministic).__name__}")
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False, got {type(deterministic).__name__}")
     if shape.rank == 2:
         q, k, v = q[None, None], k[None, None], v[None, None]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

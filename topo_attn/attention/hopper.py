@@ -29,7 +29,6 @@ without a GPU), and then every call is unsupported.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -44,7 +43,7 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .forward import device_capability
+    from .forward import INTERPRETED, device_capability, tma_eligible
 
     _GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this
@@ -274,11 +273,6 @@ def tile_config(block_size: int, head_dim: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2 if head_dim > 64 else 3, num_warps=4, maxnreg=128)
 
 
-def _tma_addressable(t: torch.Tensor) -> bool:
-    size = t.element_size()
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(st * size % 16 == 0 for st in t.stride()[:-1])
-
-
 def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
     """Why :func:`hopper_forward` cannot take this call, or ``None`` when it can.
 
@@ -287,7 +281,7 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     try:
         if _GLUON_MISSING is not None:
             return _GLUON_MISSING
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if INTERPRETED:
             return "Triton interpreter (the Gluon kernel needs a compiled Hopper target)"
         if q.device.type != "cuda":
             return f"tensors on {q.device.type}, not on a CUDA GPU"
@@ -312,7 +306,7 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q_offset = k.shape[2] - q.shape[2]
         if q_offset < 0 or q_offset % block_m:
             return f"queries not aligned to the {block_m}-row tile (S - L = {q_offset})"
-        if not all(_tma_addressable(t) for t in (q, k, v)):
+        if not tma_eligible(q, k, v):
             return "strides not TMA-addressable (last stride 1, base and other strides 16-byte aligned)"
         return None
     except Exception as error:  # noqa: BLE001 - a reason, never an exception

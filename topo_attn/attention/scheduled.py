@@ -99,10 +99,11 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
 
     Kernels: a forward kernel (one program per query tile: on a Hopper GPU with triton 3.6 the Gluon
     warp-specialised one where it applies, else the portable Triton one; ``kernel`` = ``"auto"``,
-    ``"portable"`` or ``"hopper"``, and :func:`forward_kernel` says which runs and why), or, with ``kernel="auto"``
-    for decode steps (``L < S`` and ``L <=`` :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16)
-    without gradients, the split-K decode kernel (the scheduled key blocks of each lane spread over programs, the query heads of a
-    key/value head packed in one tile when the schedule is shared or per key/value head).
+    ``"portable"`` or ``"hopper"``, and :func:`forward_kernel` says which runs and why), or, with
+    ``kernel="auto"`` for decode steps (``L < S`` and ``L <=``
+    :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16) without gradients, the split-K decode kernel
+    (the scheduled key blocks of each lane spread over programs, the query heads of a key/value head packed in
+    one tile when the schedule is shared or per key/value head).
 
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
     log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.

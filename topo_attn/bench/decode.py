@@ -34,8 +34,8 @@ tokens (real token counts: the last block may be partial) of each (batch, kv hea
 head (the kit packs a kv head's query heads; :func:`scheduled_kv_reads`) and the CSR metadata
 (:func:`metadata_bytes`); for SDPA and dense FlexAttention all of K and V; FlexAttention adds the block counts
 and indices of its block mask that it reads (:func:`block_mask_bytes`). TB/s divide those bytes by the time;
-``peak_fraction`` is over the GPU's datasheet peak (:func:`peak_tbps_for`; the runner passes it), ``copy_fraction`` over a
-device-to-device copy measured in the same process (:func:`device_copy_tbps`, bytes read + written; pass
+``peak_fraction`` is over the GPU's datasheet peak (:func:`peak_tbps_for`; the runner passes it),
+``copy_fraction`` over a device-to-device copy measured in the same process (:func:`device_copy_tbps`, bytes read + written; pass
 ``copy_tbps`` to skip it).
 
 Errors (``max_abs_error``, float32, on batches 0 and ``B - 1``): dense paths against float32 SDPA, ``1/8``

@@ -32,8 +32,6 @@ import functools
 
 import torch
 
-LOG2E = 1.4426950408889634
-"""log2(e): the kernel works in base 2, so the softmax scale is multiplied by it."""
 
 try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call unsupported
     import triton
@@ -43,7 +41,7 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .forward import INTERPRETED, device_capability, tma_eligible
+    from .forward import INTERPRETED, LOG2E, device_capability, tma_eligible
 
     _GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this

@@ -35,8 +35,8 @@ head (the kit packs a kv head's query heads; :func:`scheduled_kv_reads`) and the
 (:func:`metadata_bytes`); for SDPA and dense FlexAttention all of K and V; FlexAttention adds the block counts
 and indices of its block mask that it reads (:func:`block_mask_bytes`). TB/s divide those bytes by the time;
 ``peak_fraction`` is over the GPU's datasheet peak (:func:`peak_tbps_for`; the runner passes it),
-``copy_fraction`` over a device-to-device copy measured in the same process (:func:`device_copy_tbps`, bytes read + written; pass
-``copy_tbps`` to skip it).
+``copy_fraction`` over a device-to-device copy measured in the same process (:func:`device_copy_tbps`, bytes
+read + written; pass ``copy_tbps`` to skip it).
 
 Errors (``max_abs_error``, float32, on batches 0 and ``B - 1``): dense paths against float32 SDPA, ``1/8``
 paths against float32 :func:`~topo_attn.dense_masked_attention` with the same blocks.
@@ -75,10 +75,10 @@ from .table import markdown_header
 Q_LEN = 1
 """Query tokens per decode step."""
 
-HBM_PEAK_TBPS = 4.8
-"""The H200's datasheet HBM3e bandwidth, TB/s."""
 DATASHEET_TBPS = {"H200": 4.8, "H100 80GB HBM3": 3.35, "H100 NVL": 3.9, "H100 PCIe": 2.0}
 """Datasheet HBM bandwidth (TB/s) by a part of the GPU's name, for :func:`peak_tbps_for`."""
+HBM_PEAK_TBPS = DATASHEET_TBPS["H200"]
+"""The H200's datasheet HBM3e bandwidth, TB/s (the default peak)."""
 
 
 def peak_tbps_for(gpu_name: str) -> float:

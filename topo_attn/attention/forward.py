@@ -17,12 +17,13 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 try:  # host-side tensor descriptors: triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
+
+from .launch import INTERPRETED, Tiles, launch
 
 LOG2E = 1.4426950408889634
 """log2(e): the kernels work in base 2 (``exp2``), so the softmax scale is multiplied by it."""
@@ -216,10 +217,6 @@ def attention_fwd_kernel(
                  mask=(offs_q >= 0) & (offs_q < q_len))
 
 
-INTERPRETED: bool = isinstance(attention_fwd_kernel, InterpretedFunction)
-"""True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernels then run on the CPU."""
-
-
 def tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> dict:
     """Launch configuration of :func:`attention_fwd_kernel` (the tuned defaults; numbers in NOTES.md).
 
@@ -268,10 +265,6 @@ def tma_eligible(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _descriptor(t: torch.Tensor, block_rows: int) -> "TensorDescriptor":
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, block_rows, t.shape[-1]])
-
-
 def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, scale: float,
                                 return_lse: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch :func:`attention_fwd_kernel` on inputs already validated by ``scheduled_attention`` (nothing is
@@ -300,19 +293,20 @@ def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     use_tma = bool(config.pop("TMA", False)) and q_offset % block_m == 0 and tma_eligible(q, k, v, out)
     tile0 = q_offset // block_m * block_m
     grid = (triton.cdiv(seq_len - tile0, block_m), batch * heads)
-    tiles = ((_descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m))
-             if use_tma else (q, k, v, out))
+    tiles = ((Tiles(q, [1, 1, block_m, head_dim]), Tiles(k, [1, 1, block_n, head_dim]),
+              Tiles(v, [1, 1, block_n, head_dim]), Tiles(out, [1, 1, block_m, head_dim])) if use_tma else (q, k, v, out))
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
-    attention_fwd_kernel[grid](
+    launch(attention_fwd_kernel, grid, (
         *tiles, lse, schedule.offsets, schedule.indices,
         scale * LOG2E,
         seq_len, q_len, q_offset, schedule.first_query_block,
         heads, heads // k.shape[1], lane_heads, group, 0 if schedule.lanes is None else schedule.rows_per_lane,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         lse.stride(0), lse.stride(1),
+    ), dict(
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, RETURN_LSE=return_lse,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=INTERPRETED and q.dtype == torch.bfloat16, USE_TMA=use_tma,
         **config,
-    )
+    ))
     return out, (lse if return_lse else None)

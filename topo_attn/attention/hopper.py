@@ -39,9 +39,9 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .forward import INTERPRETED, LOG2E, device_capability, tma_eligible
+    from .launch import Tiles, launch
 
     _GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this
@@ -319,11 +319,6 @@ def _shared_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
                                                 gl.float16 if dtype == torch.float16 else gl.bfloat16)
 
 
-def _descriptor(t: torch.Tensor, block_rows: int) -> "TensorDescriptor":
-    block = [1, 1, block_rows, t.shape[-1]]
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, _shared_layout(block_rows, t.shape[-1], t.dtype))
-
-
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, scale: float,
                    return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch :func:`hopper_attention_fwd_kernel` on inputs already validated by ``scheduled_attention`` and
@@ -348,15 +343,18 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     grid = (-(-q_len // block_m), batch * heads)
-    hopper_attention_fwd_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m),
+    q_layout, kv_layout = _shared_layout(block_m, head_dim, q.dtype), _shared_layout(block_n, head_dim, q.dtype)
+    launch(hopper_attention_fwd_kernel, grid, (
+        Tiles(q, [1, 1, block_m, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
+        Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(out, [1, 1, block_m, head_dim], q_layout),
         lse, schedule.offsets, schedule.indices,
         scale * LOG2E,
         q_len, seq_len - q_len, schedule.first_query_block,
         heads, heads // k.shape[1], lane_heads, group, 0 if schedule.lanes is None else schedule.rows_per_lane,
         lse.stride(0), lse.stride(1),
+    ), dict(
         BLOCK_SIZE=schedule.block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
         NUM_STAGES=config["NUM_STAGES"], RETURN_LSE=return_lse,
         num_warps=config["num_warps"], maxnreg=config["maxnreg"],
-    )
+    ))
     return out, (lse if return_lse else None)

@@ -1,0 +1,122 @@
+"""The short launch path of the attention kernels: a compiled kernel looked up once per specialisation and
+launched through its own launcher, without Triton's per-call argument binding.
+
+``kernel[grid](*args, **meta)`` binds every argument, computes Triton's specialisation key (integers equal to 1
+or divisible by 16, 16-byte-aligned pointers, 32- or 64-bit integers), looks the compiled kernel up, and only
+then launches: tens of microseconds per call, more than the kernel itself at short sequences. :func:`launch`
+keeps the compiled kernel of each key it has seen in :data:`PLANS` and launches it directly. Its key holds at
+least what Triton specialises on, so a kernel compiled for aligned inputs is never reused for unaligned ones;
+a new key goes through ``kernel[grid]`` once (compiling only when Triton has no such kernel either).
+
+The direct launch uses triton 3.6's ``CompiledKernel.run`` signature (the version the GPU image pins); with
+another triton, in the interpreter, or while a launch hook is set (a profiler), every call goes through
+``kernel[grid]``. Tensor descriptors are passed as :class:`Tiles` and become triton's own descriptor classes
+on that path only (their constructors validate, which costs microseconds; the callers have checked TMA
+eligibility already).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
+"""True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernels then run on the CPU."""
+
+DIRECT: bool = not INTERPRETED and triton.__version__.startswith("3.6.")
+"""Whether :func:`launch` may launch compiled kernels directly (triton 3.6, not the interpreter)."""
+
+PLANS: dict = {}
+"""The compiled kernel and trailing compile-time arguments of each launch key :func:`launch` has seen."""
+
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class Tiles:
+    """A TMA tensor descriptor to be: ``base`` (a ``[B, H, S, D]`` tensor, TMA-addressable, checked by the
+    caller) read in ``block_shape`` tiles; ``layout``: a Gluon ``NVMMASharedLayout`` for a Gluon kernel, or
+    ``None`` for a Triton kernel (``triton.tools.tensor_descriptor``). Holds the attributes triton's launcher
+    reads (``base``, ``shape``, ``strides``, ``padding``); :meth:`descriptor` builds the real one."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "layout", "padding")
+
+    def __init__(self, base: torch.Tensor, block_shape: list[int], layout=None):
+        self.base, self.block_shape, self.layout, self.padding = base, block_shape, layout, "zero"
+        self.shape, self.strides = list(base.shape), list(base.stride())
+
+    def descriptor(self):
+        """The triton descriptor (Gluon's when a layout is set), validated by its constructor."""
+        if self.layout is None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape, self.layout)
+
+
+def specialisation(arg) -> object:
+    """What of ``arg`` a launch key must hold, a superset of what Triton specialises a kernel on: for an int,
+    whether it is 1, divisible by 16 and within 32 bits; for a tensor (a pointer), its dtype and whether its
+    address is 16-byte aligned; for :class:`Tiles`, the dtype, tile, layout and alignment; for a float or
+    ``None``, the type. Raises ``TypeError`` for anything else (a kernel argument the key does not know)."""
+    kind = type(arg)
+    if kind is int:
+        return (arg == 1, arg % 16 == 0, _INT32[0] <= arg <= _INT32[1])
+    if kind is float or arg is None:
+        return kind
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if kind is Tiles:
+        return (arg.base.dtype, tuple(arg.block_shape), arg.layout, arg.base.data_ptr() % 16 == 0)
+    raise TypeError(f"launch: no launch key for a kernel argument of type {kind.__name__}")
+
+
+def _real(args: tuple) -> list:
+    return [a.descriptor() if type(a) is Tiles else a for a in args]
+
+
+def _hooked() -> bool:
+    """Whether a launch hook (a profiler's) is set: then launches go through ``kernel[grid]``, which calls it."""
+    runtime = triton.knobs.runtime
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
+
+
+def launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
+    """``kernel[grid](*args, **meta)``, through the compiled kernel of this launch key when one is known.
+
+    Arguments:
+        kernel: a ``triton.jit`` or ``gluon.jit`` function whose parameters begin with ``args`` (run-time
+            values: tensors, :class:`Tiles`, ints, floats) and continue with the compile-time ones in ``meta``.
+        grid: one to three program counts.
+        args: the run-time arguments, positional.
+        meta: compile-time arguments and launch options (``num_warps``, ``maxnreg``, ...), by name.
+
+    Launches on the current device and stream, as ``kernel[grid]`` does. Raises what ``kernel[grid]`` raises
+    on a new key, and ``TypeError`` for an argument :func:`specialisation` does not know."""
+    if not DIRECT or _hooked():
+        kernel[grid](*_real(args), **meta)
+        return
+    driver = triton.runtime.driver.active
+    device = driver.get_current_device()
+    key = (kernel, device, tuple(meta.items()), tuple(map(specialisation, args)))
+    plan = PLANS.get(key)
+    if plan is None:  # Triton's own path binds, specialises and compiles (or finds) the kernel
+        compiled = kernel[grid](*_real(args), **meta)
+        if hasattr(compiled, "result"):  # an asynchronous compilation
+            compiled = compiled.result()
+        names = kernel.arg_names[len(args):]
+        defaults = {p.name: p.default for p in kernel.params}
+        PLANS[key] = (compiled, tuple(meta[n] if n in meta else defaults[n] for n in names))
+        return
+    compiled, tail = plan
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                 driver.get_current_stream(device), compiled.function, compiled.packed_metadata, None, None, None,
+                 *args, *tail)

@@ -19,14 +19,15 @@ def _skip_unless_supported(q, k, v, schedule) -> None:
         pytest.skip(reason)
 
 
-def _check_against_references(q, k, v, schedule, scale=None):
-    """Out and lse of the Gluon kernel against the float64 reference (the dtype's error bound) and against the
-    portable Triton forward (twice that bound: both round P and the output)."""
+def _check_against_references(q, k, v, schedule, scale=None, config=None):
+    """Out and lse of the Gluon kernel (``config``: a tile configuration other than the default) against the
+    float64 reference (the dtype's error bound) and against the portable Triton forward (twice that bound:
+    both round P and the output)."""
     from topo_attn.attention import forward
 
     dtype = q.dtype
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, lse = hopper.hopper_forward(q, k, v, schedule, scale, True)
+    out, lse = hopper.hopper_forward(q, k, v, schedule, scale, True, config)
     assert out.dtype == dtype and out.shape == q.shape and torch.isfinite(out).all()
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
     ref, ref_lse = ta.dense_masked_attention(q.double(), k.double(), v.double(), schedule, scale=scale,
@@ -37,7 +38,7 @@ def _check_against_references(q, k, v, schedule, scale=None):
     portable, portable_lse = forward.scheduled_attention_forward(q, k, v, schedule, scale, True)
     torch.testing.assert_close(out.float(), portable.float(), atol=2 * tol, rtol=2 * tol)
     torch.testing.assert_close(lse, portable_lse, atol=1e-4, rtol=1e-5)
-    out_only, no_lse = hopper.hopper_forward(q, k, v, schedule, scale, False)
+    out_only, no_lse = hopper.hopper_forward(q, k, v, schedule, scale, False, config)
     assert no_lse is None
     torch.testing.assert_close(out_only, out, atol=0, rtol=0)
 
@@ -79,6 +80,22 @@ def test_random_schedules_match_references(block_size, diagonal, lanes):
     q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=block_size)
     _skip_unless_supported(q, k, v, schedule)
     _check_against_references(q, k, v, schedule)
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("lanes", ["shared", "kv heads"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("block_size", [128, 256])
+def test_one_or_two_consumer_partitions(block_size, D, lanes, consumers):
+    """128-row tiles with one consumer partition or two (each owning 64 rows, released stages counted
+    twice); rows with and without the diagonal, a partial last block, GQA."""
+    B, H, H_kv, S = 2, 4, 2, 1000
+    gen = torch.Generator().manual_seed(block_size + D + consumers)
+    schedule = random_schedule(gen, S, block_size, lanes=None if lanes == "shared" else (B, H_kv), density=0.4,
+                               diagonal=None, device=DEVICE)
+    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.float16, DEVICE, seed=block_size + D)
+    _skip_unless_supported(q, k, v, schedule)
+    _check_against_references(q, k, v, schedule, config=hopper.tile_config(block_size, D, consumers))
 
 
 @pytest.mark.parametrize("block_size", [64, 128])

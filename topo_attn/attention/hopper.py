@@ -55,15 +55,19 @@ if _GLUON_MISSING is None:
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
                         Indices, first, n_steps, batch, head, kv_head, q_row,
-                        BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """One warp: TMA loads of the Q tile, then of the K and V tiles of key steps ``0 .. n_steps - 1`` of
+                        BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                        CONSUMERS: gl.constexpr):
+        """One warp: TMA loads of the Q tile (one piece per consumer), then of the K and V tiles of key steps ``0 .. n_steps - 1`` of
         the CSR row starting at entry ``first`` (step ``t``: sub-tile ``t % SUBTILES`` of block
         ``Indices[first + t // SUBTILES]``), each into ring stage ``t % NUM_STAGES`` once the consumer has
         released it."""
         SUBTILES: gl.constexpr = BLOCK_SIZE // BLOCK_N
-        # -- the query tile, once
-        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [batch, head, q_row, 0], q_ready, q_smem)
+        # -- the query tile, once: one piece of Q_ROWS rows per consumer
+        Q_ROWS: gl.constexpr = q_desc.block_type.shape[2]
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [batch, head, q_row + c * Q_ROWS, 0], q_ready.index(c),
+                                            q_smem.index(c))
         # -- the key steps of the row, K then V, NUM_STAGES ahead of the consumer
         for t in range(n_steps):
             stage = t % NUM_STAGES
@@ -127,8 +131,10 @@ if _GLUON_MISSING is None:
     def _consumer_partition(o_desc, Lse, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
                             n_steps, has_diagonal, qk_scale, q_len, batch, head, q_row, stride_lb, stride_lh,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                            NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr):
-        """``BLOCK_M // 16`` warps (one warp group per 64 rows): the online softmax over the row's
+                            NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+                            SUB_ROW: gl.constexpr):
+        """``BLOCK_M // 16`` warps (one warp group per 64 rows) owning rows ``SUB_ROW .. SUB_ROW + BLOCK_M``
+        of the query tile (``q_smem``: their Q piece, reused for O): the online softmax over the row's
         ``n_steps`` key steps (the last one causally masked when ``has_diagonal``), then the epilogue."""
         # -- layouts: wgmma accumulators of S [M, N] and O [M, D]; P as the register A operand of P V
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -152,7 +158,7 @@ if _GLUON_MISSING is None:
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         only_diagonal = has_diagonal & (n_steps == 1)
-        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, gl.where(only_diagonal, 0, BLOCK_N), True,
+        p, m_i, l_i, alpha = _online_softmax(s, m_i, l_i, qk_scale, gl.where(only_diagonal, SUB_ROW, BLOCK_N), True,
                                              p_layout, o_row_layout, q.dtype)
 
         # -- steps 1 .. without the diagonal: no mask
@@ -162,7 +168,7 @@ if _GLUON_MISSING is None:
                                              HEAD_DIM, NUM_STAGES, False)
         # -- the diagonal step, last: causal mask (it also hides keys past the sequence)
         if has_diagonal & (n_steps > 1):
-            p, o, m_i, l_i = _attention_step(n_steps - 1, q, p, o, m_i, l_i, qk_scale, 0, k_smem, v_smem, k_ready,
+            p, o, m_i, l_i = _attention_step(n_steps - 1, q, p, o, m_i, l_i, qk_scale, SUB_ROW, k_smem, v_smem, k_ready,
                                              k_empty, v_ready, v_empty, s_layout, p_layout, o_row_layout, BLOCK_M,
                                              BLOCK_N, HEAD_DIM, NUM_STAGES, True)
 
@@ -179,12 +185,12 @@ if _GLUON_MISSING is None:
         o = o / l_o[:, None]
         q.store(o.to(q.dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [batch, head, q_row, 0], q_smem)
+        tma.async_copy_shared_to_global(o_desc, [batch, head, q_row + SUB_ROW, 0], q_smem)
         # -- the log-sum-exp, natural log
         if RETURN_LSE:
             m_o = gl.convert_layout(m_i, o_row_layout)
             lse = (m_o + gl.log2(l_o)) * 0.6931471805599453
-            rows = q_row + gl.arange(0, BLOCK_M, layout=o_row_layout)
+            rows = q_row + SUB_ROW + gl.arange(0, BLOCK_M, layout=o_row_layout)
             gl.store(Lse + batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh + rows, lse,
                      mask=rows < q_len)
         tma.store_wait(pendings=0)
@@ -197,7 +203,8 @@ if _GLUON_MISSING is None:
         num_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 for a shared schedule
         stride_lb, stride_lh,
         BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, num_warps: gl.constexpr,
+        NUM_STAGES: gl.constexpr, RETURN_LSE: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """Grid ``(cdiv(L, BLOCK_M), B * H)``: ``Out [B, H, L, D]`` and, with ``RETURN_LSE``, ``Lse [B, H, L]``
         (float32, natural log) of query rows ``BLOCK_M * i ..`` of lane ``(b, h)``, reading key/value head
@@ -206,9 +213,13 @@ if _GLUON_MISSING is None:
         (zero padding past ``S``). ``Offsets``/``Indices``: the int32 CSR rows of the absolute query blocks
         ``first_block ..`` (sorted, causal, diagonal last when present), shared (``lane_row_stride = 0``) or
         ``lane_row_stride`` rows per lane ``b * lane_heads + h // lane_group``. ``BLOCK_M == BLOCK_N``, both
-        divide ``BLOCK_SIZE``; ``num_warps = BLOCK_M // 16``."""
+        divide ``BLOCK_SIZE``. ``CONSUMERS``: 1 (one consumer partition of ``num_warps = BLOCK_M // 16``
+        warps) or 2 (two partitions of ``num_warps = BLOCK_M // 32`` warps, each owning half the rows and
+        running unsynchronised, so one's softmax can overlap the other's matrix products; the second gets
+        ``CONSUMER_REGS`` registers per thread); ``q_desc``/``o_desc`` blocks then hold ``BLOCK_M //
+        CONSUMERS`` rows."""
         gl.static_assert(BLOCK_M == BLOCK_N, "the diagonal mask assumes square tiles")
-        gl.static_assert(BLOCK_M == 16 * num_warps, "one warp group per 64 query rows")
+        gl.static_assert(BLOCK_M == 16 * num_warps * CONSUMERS, "one warp group per 64 query rows")
         # -- which queries, lane and schedule row this program owns (last query tiles, the longest rows, first)
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
         lane = gl.program_id(1)
@@ -228,47 +239,70 @@ if _GLUON_MISSING is None:
         diagonal_steps = gl.where(has_diagonal, (start_m - q_block * BLOCK_SIZE) // BLOCK_N + 1, 0)
         n_steps = n_full * (BLOCK_SIZE // BLOCK_N) + diagonal_steps
 
-        # -- shared memory: the Q tile (reused for O), the K and V rings, their barriers
+        # -- shared memory: the Q tile in one piece per consumer (reused for O), the K and V rings, their barriers
         dtype: gl.constexpr = q_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        Q_ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready, count=1)
-        for i in gl.static_range(NUM_STAGES):
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(q_ready.index(c), count=1)
+        for i in gl.static_range(NUM_STAGES):  # a stage is free once every consumer has released it
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=CONSUMERS)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
-        # -- consumer warp groups (default partition) and the TMA load warp
-        gl.warp_specialize([
-            (_consumer_partition, (o_desc, Lse, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
-                                   n_steps, has_diagonal, qk_scale, q_len, batch, head, q_row, stride_lb, stride_lh,
-                                   BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES, RETURN_LSE, num_warps)),
-            (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
-                               v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
-                               BLOCK_SIZE, BLOCK_N, NUM_STAGES)),
-        ], [1], [24])
+        # -- consumer warp groups (the default partition, and a second one when split) and the TMA load warp
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_consumer_partition, (o_desc, Lse, q_smem.index(0), k_smem, v_smem, q_ready.index(0), k_ready,
+                                       k_empty, v_ready, v_empty, n_steps, has_diagonal, qk_scale, q_len, batch, head,
+                                       q_row, stride_lb, stride_lh, Q_ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                       RETURN_LSE, num_warps, 0)),
+                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
+                                   v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
+                                   BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
+            ], [1], [24])
+        else:
+            gl.warp_specialize([
+                (_consumer_partition, (o_desc, Lse, q_smem.index(0), k_smem, v_smem, q_ready.index(0), k_ready,
+                                       k_empty, v_ready, v_empty, n_steps, has_diagonal, qk_scale, q_len, batch, head,
+                                       q_row, stride_lb, stride_lh, Q_ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                       RETURN_LSE, num_warps, 0)),
+                (_consumer_partition, (o_desc, Lse, q_smem.index(1), k_smem, v_smem, q_ready.index(1), k_ready,
+                                       k_empty, v_ready, v_empty, n_steps, has_diagonal, qk_scale, q_len, batch, head,
+                                       q_row, stride_lb, stride_lh, Q_ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES,
+                                       RETURN_LSE, num_warps, Q_ROWS)),
+                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
+                                   v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
+                                   BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
+            ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
-def tile_config(block_size: int, head_dim: int) -> dict:
+def tile_config(block_size: int, head_dim: int, consumers: int = 1) -> dict:
     """Launch configuration of :func:`hopper_attention_fwd_kernel` for a supported call (not yet tuned on a
     GPU; the choices fit Hopper's 227 KB of shared memory and 64K registers per SM).
 
     Returns ``BLOCK_M = BLOCK_N = min(block_size, 128)``, ``NUM_STAGES`` (depth of the K/V ring),
-    ``num_warps = BLOCK_M // 16`` (the consumer warp groups; the load warp comes on top) and ``maxnreg``
-    (the per-thread register cap before ``setmaxnreg`` moves the load warp's registers to the consumers).
-    128-row tiles: one program per SM (Q + two K/V stages = 160 KB at D 128), consumers at 240 registers.
-    64-row tiles: two programs per SM."""
+    ``CONSUMERS`` (consumer partitions: 1, or 2 each owning half the rows), ``num_warps`` (the warps of one
+    consumer partition, ``BLOCK_M // (16 * CONSUMERS)``; the load warp comes on top), ``maxnreg`` (the
+    per-thread register cap before ``setmaxnreg`` moves the load warp's registers to the consumers) and
+    ``CONSUMER_REGS`` (the second consumer's registers when split). 128-row tiles: one program per SM (Q + two
+    K/V stages = 160 KB at D 128), 12 warps with the padding of the load warp's group: 168 registers each at
+    launch, then 240 for the consumers and 24 for the load warp. ``consumers=2`` asks for the split form
+    (128-row tiles only). 64-row tiles: two programs per SM."""
     block = min(block_size, 128)
     if block == 128:
-        return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2 if head_dim > 64 else 3, num_warps=8, maxnreg=168)
-    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2 if head_dim > 64 else 3, num_warps=4, maxnreg=128)
+        return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2 if head_dim > 64 else 3, CONSUMERS=consumers,
+                    num_warps=8 // consumers, maxnreg=168, CONSUMER_REGS=240 if consumers == 2 else 0)
+    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2 if head_dim > 64 else 3, CONSUMERS=1, num_warps=4,
+                maxnreg=128, CONSUMER_REGS=0)
 
 
 def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
@@ -320,7 +354,7 @@ def _shared_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
 
 
 def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, scale: float,
-                   return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   return_lse: bool, config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch :func:`hopper_attention_fwd_kernel` on inputs already validated by ``scheduled_attention`` and
     accepted by :func:`hopper_unsupported_reason` (nothing is checked here).
 
@@ -332,21 +366,23 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
             with lanes ``(B, H)`` or ``(B, H_kv)``, block size a power of two >= 64, on q's device.
         scale: the softmax scale.
         return_lse: also return the log-sum-exp.
+        config: overrides :func:`tile_config` (same keys, same ``BLOCK_M``; for tuning and tests).
 
     Returns ``(out, lse)``: ``out [B, H, L, D]`` contiguous in q's dtype and ``lse [B, H, L]`` float32 natural
     log, or ``None`` without ``return_lse``."""
     batch, heads, q_len, head_dim = q.shape
     seq_len = k.shape[2]
-    config = tile_config(schedule.block_size, head_dim)
+    config = config or tile_config(schedule.block_size, head_dim)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    q_rows = block_m // config["CONSUMERS"]
     out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     grid = (-(-q_len // block_m), batch * heads)
-    q_layout, kv_layout = _shared_layout(block_m, head_dim, q.dtype), _shared_layout(block_n, head_dim, q.dtype)
+    q_layout, kv_layout = _shared_layout(q_rows, head_dim, q.dtype), _shared_layout(block_n, head_dim, q.dtype)
     launch(hopper_attention_fwd_kernel, grid, (
-        Tiles(q, [1, 1, block_m, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
-        Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(out, [1, 1, block_m, head_dim], q_layout),
+        Tiles(q, [1, 1, q_rows, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
+        Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(out, [1, 1, q_rows, head_dim], q_layout),
         lse, schedule.offsets, schedule.indices,
         scale * LOG2E,
         q_len, seq_len - q_len, schedule.first_query_block,
@@ -354,7 +390,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
         lse.stride(0), lse.stride(1),
     ), dict(
         BLOCK_SIZE=schedule.block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        NUM_STAGES=config["NUM_STAGES"], RETURN_LSE=return_lse,
-        num_warps=config["num_warps"], maxnreg=config["maxnreg"],
+        NUM_STAGES=config["NUM_STAGES"], RETURN_LSE=return_lse, CONSUMERS=config["CONSUMERS"],
+        CONSUMER_REGS=config["CONSUMER_REGS"], num_warps=config["num_warps"], maxnreg=config["maxnreg"],
     ))
     return out, (lse if return_lse else None)

@@ -1,7 +1,7 @@
 """Hopper (sm_90) forward of block-scheduled causal attention, written in Gluon.
 
 Same contract as :func:`topo_attn.attention.forward.scheduled_attention_forward`; the structure is
-FlashAttention-3's, minus the ping-pong between consumer warp groups:
+FlashAttention-3's, with free-running consumer warp groups in place of its explicit ping-pong:
 
 * One program per (query tile of ``BLOCK_M`` rows, lane ``(b, h)``), the last tiles (the longest CSR rows)
   first. ``BLOCK_M = BLOCK_N = min(block_size, 128)``: a tile lies in one query block, and a key step of
@@ -9,8 +9,11 @@ FlashAttention-3's, minus the ping-pong between consumer warp groups:
   diagonal block walked only up to the tile).
 * ``gl.warp_specialize`` splits the program into a **load partition** (one warp: the Q tile once, then the
   K and V tiles of the row's key steps through TMA into a ``NUM_STAGES``-deep shared-memory ring, with
-  ready/empty mbarriers per stage and per operand) and the **consumer partition** (``BLOCK_M // 16`` warps,
-  i.e. one or two warp groups, registers moved to it from the load warp by ``setmaxnreg``).
+  ready/empty mbarriers per stage and per operand) and the **consumers**, registers moved to them from the
+  load warp by ``setmaxnreg``. 128-row tiles: two consumer partitions of one warp group each, each owning
+  64 rows of the tile (its own piece of Q and of O) and releasing a ring stage by one arrival of two. They
+  share no barrier, so they drift apart and one's softmax runs under the other's matrix products (the
+  effect of FA3's ping-pong, without its ordering). 64-row tiles: one warp group.
 * The consumer overlaps the tensor cores with the softmax inside each warp group: step ``j`` issues
   ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as asynchronous ``warpgroup_mma``, waits for ``S_j`` only,
   runs the online softmax of ``S_j`` (base 2, ``scale * log2(e)`` folded into one multiply-add) while
@@ -285,9 +288,10 @@ if _GLUON_MISSING is None:
             ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
-def tile_config(block_size: int, head_dim: int, consumers: int = 1) -> dict:
-    """Launch configuration of :func:`hopper_attention_fwd_kernel` for a supported call (not yet tuned on a
-    GPU; the choices fit Hopper's 227 KB of shared memory and 64K registers per SM).
+def tile_config(block_size: int, head_dim: int, consumers: int | None = None) -> dict:
+    """Launch configuration of :func:`hopper_attention_fwd_kernel` for a supported call (measured on an H200,
+    NOTES.md "Issue 28, second session"; the choices fit Hopper's 227 KB of shared memory and 64K registers
+    per SM).
 
     Returns ``BLOCK_M = BLOCK_N = min(block_size, 128)``, ``NUM_STAGES`` (depth of the K/V ring),
     ``CONSUMERS`` (consumer partitions: 1, or 2 each owning half the rows), ``num_warps`` (the warps of one
@@ -295,10 +299,12 @@ def tile_config(block_size: int, head_dim: int, consumers: int = 1) -> dict:
     per-thread register cap before ``setmaxnreg`` moves the load warp's registers to the consumers) and
     ``CONSUMER_REGS`` (the second consumer's registers when split). 128-row tiles: one program per SM (Q + two
     K/V stages = 160 KB at D 128), 12 warps with the padding of the load warp's group: 168 registers each at
-    launch, then 240 for the consumers and 24 for the load warp. ``consumers=2`` asks for the split form
-    (128-row tiles only). 64-row tiles: two programs per SM."""
+    launch, then 240 for the consumers and 24 for the load warp. ``consumers``: 1 or 2 for 128-row tiles
+    (default 2, the split form: 13-18% faster than one partition of two warp groups); 64-row tiles have
+    one. 64-row tiles: two programs per SM (a third stage or a fourth measured no faster)."""
     block = min(block_size, 128)
     if block == 128:
+        consumers = consumers or 2
         return dict(BLOCK_M=128, BLOCK_N=128, NUM_STAGES=2 if head_dim > 64 else 3, CONSUMERS=consumers,
                     num_warps=8 // consumers, maxnreg=168, CONSUMER_REGS=240 if consumers == 2 else 0)
     return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=2 if head_dim > 64 else 3, CONSUMERS=1, num_warps=4,

@@ -17,6 +17,7 @@ def test_the_key_separates_what_triton_specialises_on():
     spec = launch.specialisation
     assert len({spec(1), spec(2), spec(16), spec(32), spec(1 << 31), spec(-(1 << 31) - 1)}) == 5
     assert spec(16) == spec(48) and spec(3) == spec(5)
+    assert spec(16, True) == spec(17, True) == spec(1, True) != spec(1 << 31, True)  # do_not_specialize
     x = torch.randn(64, dtype=torch.float16)
     assert spec(x) != spec(x[1:])  # 2 bytes off: no longer 16-byte aligned
     assert spec(x) == spec(x[8:])  # 16 bytes off: still aligned

@@ -315,32 +315,18 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Why :func:`hopper_forward` cannot take this call, or ``None`` when it can.
 
     Arguments as in :func:`hopper_forward` (``schedule`` may be anything: a non-schedule gives a reason).
-    Cheap (no device synchronisation, no compilation) and never raises."""
+    Cheap (no device synchronisation, no compilation; what depends only on devices, dtypes, ranks and sizes is
+    decided once per combination) and never raises."""
     try:
         if _GLUON_MISSING is not None:
             return _GLUON_MISSING
-        if INTERPRETED:
-            return "Triton interpreter (the Gluon kernel needs a compiled Hopper target)"
-        if q.device.type != "cuda":
-            return f"tensors on {q.device.type}, not on a CUDA GPU"
-        major, minor = device_capability(q.device)
-        if (major, minor) != (9, 0):
-            return f"not a Hopper GPU (sm_{major}{minor})"
-        if q.dtype not in (torch.float16, torch.bfloat16):
-            return f"dtype {str(q.dtype).removeprefix('torch.')}"
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            return f"mixed dtypes {q.dtype}, {k.dtype}, {v.dtype}"
-        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-            return "inputs not [B, H, L, D] / [B, H_kv, S, D]"
-        head_dim = q.shape[-1]
-        if head_dim not in (64, 128):
-            return f"head dim {head_dim}"
         block_size = getattr(schedule, "block_size", None)
-        if not isinstance(block_size, int) or getattr(schedule, "transposed", True):
-            return "not a row BlockSchedule"
-        if block_size < 64 or block_size & (block_size - 1):
-            return f"block size {block_size}"
-        block_m = tile_config(block_size, head_dim)["BLOCK_M"]
+        reason = _static_reason(q.device, q.dtype, k.dtype, v.dtype, (q.ndim, k.ndim, v.ndim), q.shape[-1],
+                                block_size if isinstance(block_size, int) else None,
+                                getattr(schedule, "transposed", True))
+        if reason is not None:
+            return reason
+        block_m = tile_config(block_size, q.shape[-1])["BLOCK_M"]
         q_offset = k.shape[2] - q.shape[2]
         if q_offset < 0 or q_offset % block_m:
             return f"queries not aligned to the {block_m}-row tile (S - L = {q_offset})"
@@ -349,6 +335,32 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return None
     except Exception as error:  # noqa: BLE001 - a reason, never an exception
         return f"could not inspect the inputs ({type(error).__name__}: {error})"
+
+
+@functools.lru_cache(maxsize=256)
+def _static_reason(device: torch.device, q_dtype, k_dtype, v_dtype, ranks: tuple, head_dim: int,
+                   block_size: int | None, transposed: bool) -> str | None:
+    """The part of :func:`hopper_unsupported_reason` that depends on no address, stride or length."""
+    if INTERPRETED:
+        return "Triton interpreter (the Gluon kernel needs a compiled Hopper target)"
+    if device.type != "cuda":
+        return f"tensors on {device.type}, not on a CUDA GPU"
+    major, minor = device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"not a Hopper GPU (sm_{major}{minor})"
+    if q_dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {str(q_dtype).removeprefix('torch.')}"
+    if k_dtype != q_dtype or v_dtype != q_dtype:
+        return f"mixed dtypes {q_dtype}, {k_dtype}, {v_dtype}"
+    if ranks != (4, 4, 4):
+        return "inputs not [B, H, L, D] / [B, H_kv, S, D]"
+    if head_dim not in (64, 128):
+        return f"head dim {head_dim}"
+    if block_size is None or transposed:
+        return "not a row BlockSchedule"
+    if block_size < 64 or block_size & (block_size - 1):
+        return f"block size {block_size}"
+    return None
 
 
 @functools.lru_cache(maxsize=None)

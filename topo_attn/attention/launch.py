@@ -17,6 +17,8 @@ eligibility already).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
@@ -62,13 +64,17 @@ class Tiles:
         return TensorDescriptor(self.base, self.shape, self.strides, self.block_shape, self.layout)
 
 
-def specialisation(arg) -> object:
+def specialisation(arg, unspecialised: bool = False) -> object:
     """What of ``arg`` a launch key must hold, a superset of what Triton specialises a kernel on: for an int,
     whether it is 1, divisible by 16 and within 32 bits; for a tensor (a pointer), its dtype and whether its
     address is 16-byte aligned; for :class:`Tiles`, the dtype, tile, layout and alignment; for a float or
-    ``None``, the type. Raises ``TypeError`` for anything else (a kernel argument the key does not know)."""
+    ``None``, the type. ``unspecialised``: the parameter is in the kernel's ``do_not_specialize`` list, so an
+    int counts only by its width. Raises ``TypeError`` for anything else (a kernel argument the key does not
+    know)."""
     kind = type(arg)
     if kind is int:
+        if unspecialised:
+            return _INT32[0] <= arg <= _INT32[1]
         return (arg == 1, arg % 16 == 0, _INT32[0] <= arg <= _INT32[1])
     if kind is float or arg is None:
         return kind
@@ -77,6 +83,12 @@ def specialisation(arg) -> object:
     if kind is Tiles:
         return (arg.base.dtype, tuple(arg.block_shape), arg.layout, arg.base.data_ptr() % 16 == 0)
     raise TypeError(f"launch: no launch key for a kernel argument of type {kind.__name__}")
+
+
+@functools.lru_cache(maxsize=None)
+def _unspecialised(kernel) -> tuple[bool, ...]:
+    """Per parameter of ``kernel``, whether Triton leaves it unspecialised (``do_not_specialize``)."""
+    return tuple(bool(p.do_not_specialize) for p in kernel.params)
 
 
 def _real(args: tuple) -> list:
@@ -106,7 +118,7 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
         return
     driver = triton.runtime.driver.active
     device = driver.get_current_device()
-    key = (kernel, device, tuple(meta.items()), tuple(map(specialisation, args)))
+    key = (kernel, device, tuple(meta.items()), tuple(map(specialisation, args, _unspecialised(kernel))))
     plan = PLANS.get(key)
     if plan is None:  # Triton's own path binds, specialises and compiles (or finds) the kernel
         compiled = kernel[grid](*_real(args), **meta)

@@ -8,7 +8,7 @@ kernel launch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 from numbers import Integral, Real
 
 import torch
@@ -69,8 +69,7 @@ def check_keys(keys: object, finite: bool = True) -> torch.Tensor:
     return keys
 
 
-@dataclass(frozen=True)
-class AttentionShape:
+class AttentionShape(NamedTuple):
     """Sizes of a validated attention call; 2-D inputs count as ``B = H = H_kv = 1``. ``seq_len``: the query
     length; ``kv_len``: the key length (equal, except for queries at the end of a longer key sequence)."""
 

@@ -201,3 +201,14 @@ def test_run_cases_keeps_the_order_and_flattens_lists(capsys):
     assert "test suite" in err and "c2" in err
     assert run_cases(cases, lambda c: {"case": c.name}, progress=False) == [{"case": f"c{i}"} for i in range(3)]
     assert capsys.readouterr().err == ""
+
+
+def test_run_cases_reports_the_rows_after_each_case():
+    """``after_case`` sees the rows so far and how many cases are done, so a run cut short keeps its rows."""
+    from topo_attn.bench.runner import run_cases
+
+    cases = [Case(f"c{i}", 1, 1, 1, 64, 16, 16, "float16") for i in range(3)]
+    seen = []
+    run_cases(cases, lambda c: {"case": c.name}, progress=False,
+              after_case=lambda rows, done: seen.append(([r["case"] for r in rows], done)))
+    assert seen == [(["c0"], 1), (["c0", "c1"], 2), (["c0", "c1", "c2"], 3)]

@@ -39,20 +39,23 @@ DISPLAY_FLAGS = ("--no-progress",)
 
 
 def run_cases(cases: Sequence[Case], run_case: Callable[[Case], dict | list[dict]], progress: bool = True,
-              description: str | None = None) -> list[dict]:
+              description: str | None = None,
+              after_case: Callable[[list[dict], int], None] | None = None) -> list[dict]:
     """The rows of ``run_case(case)`` for each of ``cases``, in order; a case may give one row (a dict) or
     several (a list of dicts). With ``progress``, a tqdm bar on stderr counts the cases, shows
     ``description`` and names the case that runs; it is cleared when the cases are done, and nothing is
-    written to stdout."""
+    written to stdout. ``after_case(rows, cases_done)`` is called with the rows so far after each case."""
     from tqdm import tqdm
 
     rows: list[dict] = []
     with tqdm(total=len(cases), desc=description, unit="case", file=sys.stderr, leave=False,
               disable=not progress) as bar:
-        for case in cases:
+        for done, case in enumerate(cases, 1):
             bar.set_postfix_str(case.name)
             found = run_case(case)
             rows.extend(found if isinstance(found, list) else [found])
+            if after_case is not None:
+                after_case(rows, done)
             bar.update()
     return rows
 
@@ -102,21 +105,30 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
         return found
 
-    rows = run_cases(cases, run_case, progress=not args.no_progress, description=f"suite {args.suite}")
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
               "decode": decode_markdown}
-    table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
-    print(table)
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
-    result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                  command=command.strip(), date=time.strftime("%Y-%m-%d"), **version, rows=rows, table=table)
-    if args.note:
-        result["note"] = args.note
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     out = args.out or RESULTS_DIR / f"{args.suite}_{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+
+    def write(rows: list[dict], done: int) -> str:
+        """The results file with the rows of the first ``done`` cases (rewritten after every case: a run cut
+        short keeps them, marked ``partial``); returns the table."""
+        table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
+        result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                      command=command.strip(), date=time.strftime("%Y-%m-%d"), **version, rows=rows, table=table)
+        if done < len(cases):
+            result["partial"] = f"{done} of {len(cases)} cases so far"
+        if args.note:
+            result["note"] = args.note
+        out.write_text(json.dumps(result, indent=1))
+        return table
+
+    rows = run_cases(cases, run_case, progress=not args.no_progress, description=f"suite {args.suite}",
+                     after_case=write)
+    print(write(rows, len(cases)))
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "topo_attn"
 ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backward", "topo_attn.attention.decode",
-                     "topo_attn.attention.hopper")
+                     "topo_attn.attention.hopper", "topo_attn.attention.launch")
 GPU_KERNELS = "topo_attn.topology.gpu"
 HEAVY = ("matplotlib", "ipywidgets", "pandas", "triton")
 

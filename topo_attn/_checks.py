@@ -8,8 +8,8 @@ kernel launch.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 from numbers import Integral, Real
+from typing import NamedTuple
 
 import torch
 from torch.autograd.forward_ad import unpack_dual

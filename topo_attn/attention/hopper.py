@@ -261,7 +261,8 @@ if _GLUON_MISSING is None:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
-        # -- consumer warp groups (the default partition, and a second one when split) and the TMA load warp
+        # -- consumer warp groups (the default partition, and a second one when split) and the TMA load warp;
+        #    written out per branch: Gluon takes the partition list literally (a tuple bound to a name fails)
         if CONSUMERS == 1:
             gl.warp_specialize([
                 (_consumer_partition, (o_desc, Lse, q_smem.index(0), k_smem, v_smem, q_ready.index(0), k_ready,

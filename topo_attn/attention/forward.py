@@ -293,8 +293,10 @@ def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     use_tma = bool(config.pop("TMA", False)) and q_offset % block_m == 0 and tma_eligible(q, k, v, out)
     tile0 = q_offset // block_m * block_m
     grid = (triton.cdiv(seq_len - tile0, block_m), batch * heads)
-    tiles = ((Tiles(q, [1, 1, block_m, head_dim]), Tiles(k, [1, 1, block_n, head_dim]),
-              Tiles(v, [1, 1, block_n, head_dim]), Tiles(out, [1, 1, block_m, head_dim])) if use_tma else (q, k, v, out))
+    tiles = (q, k, v, out)
+    if use_tma:
+        tiles = (Tiles(q, [1, 1, block_m, head_dim]), Tiles(k, [1, 1, block_n, head_dim]),
+                 Tiles(v, [1, 1, block_n, head_dim]), Tiles(out, [1, 1, block_m, head_dim]))
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     launch(attention_fwd_kernel, grid, (
         *tiles, lse, schedule.offsets, schedule.indices,

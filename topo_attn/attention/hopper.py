@@ -60,10 +60,10 @@ if _GLUON_MISSING is None:
                         Indices, first, n_steps, batch, head, kv_head, q_row,
                         BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                         CONSUMERS: gl.constexpr):
-        """One warp: TMA loads of the Q tile (one piece per consumer), then of the K and V tiles of key steps ``0 .. n_steps - 1`` of
-        the CSR row starting at entry ``first`` (step ``t``: sub-tile ``t % SUBTILES`` of block
-        ``Indices[first + t // SUBTILES]``), each into ring stage ``t % NUM_STAGES`` once the consumer has
-        released it."""
+        """One warp: TMA loads of the Q tile (one piece per consumer), then of the K and V tiles of key steps
+        ``0 .. n_steps - 1`` of the CSR row starting at entry ``first`` (step ``t``: sub-tile ``t % SUBTILES`` of
+        block ``Indices[first + t // SUBTILES]``), each into ring stage ``t % NUM_STAGES`` once every consumer
+        has released it."""
         SUBTILES: gl.constexpr = BLOCK_SIZE // BLOCK_N
         # -- the query tile, once: one piece of Q_ROWS rows per consumer
         Q_ROWS: gl.constexpr = q_desc.block_type.shape[2]
@@ -301,8 +301,8 @@ def tile_config(block_size: int, head_dim: int, consumers: int | None = None) ->
     ``CONSUMER_REGS`` (the second consumer's registers when split). 128-row tiles: one program per SM (Q + two
     K/V stages = 160 KB at D 128), 12 warps with the padding of the load warp's group: 168 registers each at
     launch, then 240 for the consumers and 24 for the load warp. ``consumers``: 1 or 2 for 128-row tiles
-    (default 2, the split form: 13-18% faster than one partition of two warp groups); 64-row tiles have
-    one. 64-row tiles: two programs per SM (a third stage or a fourth measured no faster)."""
+    (default 2, the split form: 13-18% faster than one partition of two warp groups). 64-row tiles: one
+    consumer, two programs per SM (a third stage or a fourth measured no faster)."""
     block = min(block_size, 128)
     if block == 128:
         consumers = consumers or 2

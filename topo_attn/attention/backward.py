@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from .forward import INTERPRETED, LOG2E, load_tile, mma_operand, store_tile
+from .launch import launch
 
 LOG2E_K: tl.constexpr = tl.constexpr(LOG2E)  # log2(e) inside the kernels: lse (natural log) to base 2
 
@@ -392,10 +393,9 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
     pre_block = min(128, 8192 // head_dim)
-    attention_bwd_preprocess_kernel[(triton.cdiv(q_len, pre_block), batch * heads)](
-        out, do, delta, q_len, heads, *out.stride(), *do.stride(), lse.stride(0), lse.stride(1),
-        BLOCK_M=pre_block, HEAD_DIM=head_dim,
-    )
+    launch(attention_bwd_preprocess_kernel, (triton.cdiv(q_len, pre_block), batch * heads),
+           (out, do, delta, q_len, heads, *out.stride(), *do.stride(), lse.stride(0), lse.stride(1)),
+           dict(BLOCK_M=pre_block, HEAD_DIM=head_dim))
 
     # -- dQ over the row schedule (deterministic), or a zeroed float32 buffer the dK/dV kernel adds to (atomic)
     atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
@@ -404,13 +404,12 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cfg = config["dq"]
         tile0 = q_offset // cfg["BLOCK_M"] * cfg["BLOCK_M"]
-        attention_bwd_dq_kernel[(triton.cdiv(seq_len - tile0, cfg["BLOCK_M"]), batch * heads)](
+        launch(attention_bwd_dq_kernel, (triton.cdiv(seq_len - tile0, cfg["BLOCK_M"]), batch * heads), (
             q, k, v, do, lse, delta, dq, schedule.offsets, schedule.indices,
             scale, scale * LOG2E, seq_len, q_len, q_offset, schedule.first_query_block,
             heads, heads // kv_heads, lane_heads, group, 0 if shared else schedule.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
-            **common, **cfg,
-        )
+        ), dict(**common, **cfg))
 
     # -- dK and dV over the column schedule
     dk = dv = None
@@ -419,14 +418,13 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]
-        attention_bwd_dkdv_kernel[(triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads)](
+        launch(attention_bwd_dkdv_kernel, (triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads), (
             q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, column.offsets, column.indices,
             scale, scale * LOG2E, seq_len, q_len, q_offset,
             heads, kv_heads, heads // kv_heads, lane_heads, group, 0 if shared else column.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
             *(dq.stride() if atomic else (0, 0, 0, 0)), lse.stride(0), lse.stride(1),
-            ATOMIC_DQ=atomic, **common, **cfg,
-        )
+        ), dict(ATOMIC_DQ=atomic, **common, **cfg))
     if atomic:
         dq = dq.to(q.dtype)
     return dq, (dk if needs[1] else None), (dv if needs[2] else None)

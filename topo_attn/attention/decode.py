@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .forward import INTERPRETED, LOG2E, mma_operand
+from .launch import launch
 
 MAX_DECODE_QUERIES = 16
 """The most queries (``L``) :func:`scheduled_decode_forward` takes; with ``block_size >= 16`` they span at
@@ -330,23 +331,22 @@ def scheduled_decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     parts = num_splits * rows
     out_part = torch.empty((batch, heads, q_len, parts, head_dim), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((batch, heads, q_len, parts), dtype=torch.float32, device=q.device)
-    decode_split_kernel[(num_splits, rows, programs)](
+    launch(decode_split_kernel, (num_splits, rows, programs), (
         q, k, v, out_part, lse_part, offsets, indices,
         scale * LOG2E,
         kv_len, q_len, heads, kv_group, lane_heads, first_query_block, rows, num_splits,
         *q.stride(), *k.stride(), *v.stride(),
+    ), dict(
         BLOCK_SIZE=block_size, BLOCK_M=block_m, L_PAD=l_pad, GROUP=group, HEAD_DIM=head_dim,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
         **config,
-    )
+    ))
 
     out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     block_s = min(MERGE_PARTS, triton.next_power_of_2(parts))
     block_d = min(head_dim, max(16, MERGE_TILE // block_s))
-    decode_merge_kernel[(batch * heads * q_len, head_dim // block_d)](
-        out_part, lse_part, out, lse, parts,
-        BLOCK_S=block_s, BLOCK_D=block_d, HEAD_DIM=head_dim, RETURN_LSE=return_lse, num_warps=4,
-    )
+    launch(decode_merge_kernel, (batch * heads * q_len, head_dim // block_d), (out_part, lse_part, out, lse, parts),
+           dict(BLOCK_S=block_s, BLOCK_D=block_d, HEAD_DIM=head_dim, RETURN_LSE=return_lse, num_warps=4))
     return out, (lse if return_lse else None)

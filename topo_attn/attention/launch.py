@@ -1,4 +1,4 @@
-"""The short launch path of the forward kernels: a compiled kernel looked up once per specialisation and
+"""The short launch path of the attention kernels: a compiled kernel looked up once per specialisation and
 launched through its own launcher, without Triton's per-call argument binding.
 
 ``kernel[grid](*args, **meta)`` binds every argument, computes Triton's specialisation key (integers equal to 1

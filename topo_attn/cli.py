@@ -1,0 +1,90 @@
+"""What every ``python -m topo_attn...`` entry point shares: a user's mistake ends in a line on stderr and a
+non-zero exit instead of a traceback, ``--debug`` shows the traceback, and progress bars appear only when stderr
+is a terminal unless ``--progress`` / ``--no-progress`` says otherwise.
+
+An entry point module has ``build_parser()`` (its whole command line, ``prog`` set to how a user types it) and
+``main(argv) -> int``, and ends with ``raise SystemExit(run(main, prog=...))``. Exit codes: 0 done, 2 a usage
+error (argparse's own, :class:`UsageError`, or a ``ValueError`` / ``TypeError`` / ``FileNotFoundError`` /
+``NotADirectoryError`` from the kit's validation, whose messages name the argument), 1 any other failure,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+DEBUG_FLAG = "--debug"
+
+
+class UsageError(Exception):
+    """A user's mistake on a command line (a bad value, a missing file, an unknown name); its message is the
+    line the user sees, so it says what was given and what is expected."""
+
+
+USAGE_ERRORS: tuple[type[Exception], ...] = (UsageError, ValueError, TypeError, FileNotFoundError, NotADirectoryError)
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: on an error, show the full traceback (:func:`run` reads the flag from anywhere in argv)."""
+    parser.add_argument(DEBUG_FLAG, action="store_true", help="on an error, show the full traceback")
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress`` into ``args.progress``: ``None`` (neither given) means a bar only when
+    stderr is a terminal (:func:`progress_enabled`)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: only when stderr is a terminal)")
+
+
+def progress_enabled(progress: bool | None, stream: TextIO | None = None) -> bool:
+    """Whether to draw a progress bar: ``progress`` when it is a bool, else whether ``stream`` (stderr) is a
+    terminal, so that logs and CI output get no carriage-return frames."""
+    if progress is not None:
+        return bool(progress)
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except (ValueError, OSError):  # a closed or odd stream
+        return False
+
+
+def error_message(error: BaseException) -> str:
+    """The one line a user sees for ``error``: its message, with the file for an OS error."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.strerror}: {error.filename}"
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, KeyError) and len(error.args) == 1:
+        text = str(error.args[0])
+    if not isinstance(error, USAGE_ERRORS):
+        text = f"{type(error).__name__}: {text}"
+    return text
+
+
+def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None, *, prog: str) -> int:
+    """Call ``main(argv)`` (``sys.argv[1:]`` when None, ``--debug`` removed) and turn an exception into
+    ``{prog}: error: <message>`` on stderr with an exit code (module docstring); with ``--debug`` the
+    exception propagates with its traceback. argparse's own errors exit 2 as usual."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    try:
+        return int(main(argv) or 0)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the one place that turns any failure into a message
+        if debug:
+            traceback.print_exc()
+            return 2 if isinstance(error, USAGE_ERRORS) else 1
+        print(f"{prog}: error: {error_message(error)}", file=sys.stderr)
+        if not isinstance(error, USAGE_ERRORS):
+            print(f"{prog}: (run again with {DEBUG_FLAG} for the traceback)", file=sys.stderr)
+            return 1
+        return 2

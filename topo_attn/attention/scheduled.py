@@ -83,6 +83,24 @@ def _decode_queries() -> int:
     return MAX_DECODE_QUERIES
 
 
+def decode_kernel_reason(q_len: int, kv_len: int, grad: bool, kernel: str = "auto") -> str | None:
+    """Why a call of :func:`scheduled_attention` with ``q_len`` queries at the end of ``kv_len`` keys does not
+    run the split-K decode kernel (:mod:`topo_attn.attention.decode`), or ``None`` when it does: the one place
+    that decides. The decode kernel takes a decode step, ``q_len < kv_len`` and ``q_len <=``
+    :data:`~topo_attn.attention.decode.MAX_DECODE_QUERIES` (16), without gradients (``grad``: autograd is on
+    and an input requires grad; it has no backward) and with ``kernel="auto"``; any other call runs the
+    forward kernel that :func:`forward_kernel` picks. Raises nothing; imports triton (the decode module)."""
+    if grad:
+        return "gradients are needed (the decode kernel has no backward)"
+    if kernel != "auto":
+        return f"kernel={kernel!r} asked for"
+    if q_len >= kv_len:
+        return "not a decode step (the queries span the whole sequence, L = S)"
+    if q_len > _decode_queries():
+        return f"{q_len} queries, more than the decode kernel's {_decode_queries()}"
+    return None
+
+
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
                         scale: float | None = None, return_lse: bool = False, *, deterministic: bool = True,
                         kernel: str = "auto"):
@@ -103,7 +121,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     ``kernel="auto"`` for decode steps (``L < S`` and ``L <=``
     :data:`topo_attn.attention.decode.MAX_DECODE_QUERIES` = 16) without gradients, the split-K decode kernel
     (the scheduled key blocks of each lane spread over programs, the query heads of a key/value head packed in
-    one tile when the schedule is shared or per key/value head).
+    one tile when the schedule is shared or per key/value head; :func:`decode_kernel_reason` decides).
 
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
     log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.
@@ -132,7 +150,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     if shape.rank == 2:
         q, k, v = q[None, None], k[None, None], v[None, None]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    decode = not grad and kernel == "auto" and shape.seq_len < shape.kv_len and shape.seq_len <= _decode_queries()
+    decode = decode_kernel_reason(shape.seq_len, shape.kv_len, grad, kernel) is None
     name = None if decode else forward_kernel(q, k, v, schedule, scale, kernel)[0]
     if grad:
         from .backward import backward_path

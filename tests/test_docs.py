@@ -135,7 +135,9 @@ def test_readme_first_example_runs_on_a_cpu_as_written():
     result = subprocess.run([sys.executable, "-c", first.text], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=PAGE_TIMEOUT_S)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip(), "the first example prints nothing a reader could compare with"
+    printed = result.stdout.strip().splitlines()
+    assert printed, "the first example prints nothing a reader could compare with"
+    assert f"`{printed[0]}`" in README.read_text(), f"the README no longer states what its example prints: {printed[0]}"
 
 
 def _commands(page: Path) -> list[tuple[int, list[str]]]:

@@ -291,7 +291,7 @@ if _GLUON_MISSING is None:
 
 def tile_config(block_size: int, head_dim: int, consumers: int | None = None) -> dict:
     """Launch configuration of :func:`hopper_attention_fwd_kernel` for a supported call (measured on an H200,
-    NOTES.md "Issue 28, second session"; the choices fit Hopper's 227 KB of shared memory and 64K registers
+    NOTES.md, "Gluon Hopper forward"; the choices fit Hopper's 227 KB of shared memory and 64K registers
     per SM).
 
     Returns ``BLOCK_M = BLOCK_N = min(block_size, 128)``, ``NUM_STAGES`` (depth of the K/V ring),

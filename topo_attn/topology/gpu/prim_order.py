@@ -3,7 +3,7 @@ program per lane, ``O(log n)`` barrier-separated rounds instead of ``n - 1`` dep
 :func:`.prim.tree_prim_order`; :mod:`.salience` uses it for Boruvka builds of up to
 ``salience.PARALLEL_ORDER_MAX_BLOCKS`` blocks).
 
-Why it works (topology/NOTES.md, v5): root the tree at block 0 and let ``p'(v)`` be the lower end of the
+Why it works (topology/NOTES.md, "Prim's order"): root the tree at block 0 and let ``p'(v)`` be the lower end of the
 nearest edge above ``v`` on its root path that is heavier than ``v``'s own parent edge (block 0 if none).
 Prim's order from block 0 is the pre-order of the tree ``p'`` with each block's children in increasing rank
 of their parent edges. So:

@@ -17,6 +17,7 @@ Layering: this module imports only :mod:`topo_attn._checks` and :mod:`topo_attn.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ._checks import check_int, check_tensor
@@ -119,6 +120,67 @@ def rule_schedule(top: torch.Tensor, block_size: int, seq_len: int, sinks: int, 
     indices = candidates[keep].to(torch.int32)
     # valid by construction (sorted, unique, causal, the diagonal in every row): skip the checks' syncs
     return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes)
+
+
+def budget_row_widths(qb, sinks: int, window: int, budget: int):
+    """Blocks per row of the budget rule (:func:`budget_schedule`), by arithmetic, for the absolute query blocks
+    ``qb`` (an int64 numpy array or torch tensor; the result is of the same kind): the sinks before the window,
+    the window's causal blocks, and ``min(budget, c)`` chosen blocks, where row ``qb`` has
+    ``c = max(0, qb - window - sinks)`` candidates (the causal blocks ``sinks .. qb - window - 1``)."""
+    sink_count = (qb - window).clip(min=0, max=sinks)
+    window_count = qb.clip(max=window) + 1
+    return sink_count + window_count + (qb - window - sinks).clip(min=0, max=budget)
+
+
+def budget_schedule(chosen: torch.Tensor, block_size: int, seq_len: int, sinks: int, window: int,
+                    q_len: int | None = None, lanes: tuple[int, int] | None = None) -> BlockSchedule:
+    """The budget rule's CSR schedule, built by arithmetic without a host sync: row ``qb`` holds the sinks
+    ``0 .. sinks - 1``, the window ``qb - window .. qb`` (causal) and its chosen blocks, sorted.
+
+    The selectors' rule (:mod:`topo_attn.selection`): every row adds ``min(budget, c)`` of its ``c`` candidates
+    (the blocks ``sinks .. qb - window - 1``), so each row's width is known from the sizes alone
+    (:func:`budget_row_widths`); the offsets and the number of entries follow by arithmetic, and the entries are
+    gathered into place, with no ``nonzero`` and no wait for the device.
+
+    Arguments:
+        chosen: int64 ``[R, budget]`` (shared) or ``[B, Hl, R, budget]``, the chosen blocks of rows
+            ``first .. nb - 1`` (``first = (seq_len - q_len) // block_size``), any order; entries that are not
+            candidates of their row are left out, and the candidates among a row's entries must be distinct and
+            number ``min(budget, c)``. Not checked: the kit's ranker builds it so
+            (:func:`topo_attn.selection.topk.top_candidates`).
+        block_size, seq_len: ints ``>= 1``; ``nb = ceil(seq_len / block_size)`` blocks.
+        sinks, window: ints ``>= 0``.
+        q_len: queries at the end of the keys (default ``seq_len``).
+        lanes: ``None`` for a shared schedule (``chosen`` 2-D), else ``(B, Hl)`` matching ``chosen``.
+
+    Returns:
+        A :class:`~topo_attn.BlockSchedule` on ``chosen``'s device (built unchecked: valid by construction).
+    """
+    nb = num_blocks(seq_len, block_size)
+    q_len = seq_len if q_len is None else q_len
+    first = (seq_len - q_len) // block_size
+    rows, budget = chosen.shape[-2], chosen.shape[-1]
+    device = chosen.device
+    lane_count = 1 if lanes is None else lanes[0] * lanes[1]
+    qb = torch.arange(first, nb, device=device)[:, None]  # [R, 1]
+    # slots per row: the sinks, the window, then the chosen blocks; a slot that is not used holds nb
+    sink_slots = torch.arange(sinks, device=device)[None, :].expand(rows, sinks)
+    sink_slots = torch.where(sink_slots < qb - window, sink_slots, nb)
+    window_slots = qb - window + torch.arange(window + 1, device=device)[None, :]
+    window_slots = torch.where(window_slots >= 0, window_slots, nb)
+    picks = chosen.reshape(lane_count, rows, budget)
+    picks = torch.where((picks >= sinks) & (picks < qb - window), picks, nb)  # the candidates among the picks
+    base = torch.cat([sink_slots, window_slots], dim=1).expand(lane_count, rows, sinks + window + 1)
+    slots = torch.cat([base, picks], dim=-1).sort(dim=-1).values  # the used slots first, in block order
+    # CSR by arithmetic: the widths are known, the used slots lead each sorted row
+    nnz = lane_count * int(budget_row_widths(np.arange(first, nb), sinks, window, budget).sum())
+    widths = budget_row_widths(qb[:, 0], sinks, window, budget).repeat(lane_count)  # [lanes * R], lane-major
+    offsets = torch.zeros(widths.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(widths, dim=0, out=offsets[1:])
+    row_of = torch.repeat_interleave(torch.arange(widths.numel(), device=device), widths, output_size=nnz)
+    within = torch.arange(nnz, device=device) - offsets[row_of]
+    indices = slots.reshape(-1, slots.shape[-1])[row_of, within].to(torch.int32)
+    return BlockSchedule.unchecked(offsets.to(torch.int32), indices, block_size, seq_len, lanes, False, q_len)
 
 
 def source_labels(mask: torch.Tensor, sinks: int, window: int) -> torch.Tensor:

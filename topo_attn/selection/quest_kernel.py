@@ -1,0 +1,86 @@
+"""Triton kernel for Quest's block scores over a whole sequence (prefill), per key/value head.
+
+Quest's page bound (Tang et al. 2024): with ``lo`` and ``hi`` the element-wise minimum and maximum of a key
+block, ``relu(q) . hi + min(q, 0) . lo`` bounds ``q . k`` from above for every key of the block. A query block
+scores a key block by the largest bound over its queries and, when a group of query heads chooses together,
+over the group's heads.
+
+One program per (query block row, lane, tile of key blocks): it loads the tile's bounds once, then for each
+query head of the group the block's queries, takes the two products on the tensor cores and keeps the
+largest bound per key block, so the ``[S, n]`` bounds of every query never reach memory. Tiles that hold no
+candidate of the row (every block after ``qb - window - 1``) return at once: about half the tiles.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+TILE_N = 64
+"""Key blocks per program."""
+
+
+@triton.jit
+def _quest_kernel(Q, Lo, Hi, Out, seq_len, q_offset, first, nb, rows_per_lane, kv_heads, window,
+                  stride_qb, stride_qh, stride_qs, stride_qd, head_dim,
+                  GROUP: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    lane = tl.program_id(1)
+    start = tl.program_id(2) * TILE
+    qb = first + row
+    if start >= qb - window:  # -- no candidate in this tile (candidates end at qb - window - 1)
+        return
+    batch = lane // kv_heads
+    kv_head = lane % kv_heads
+    # -- the tile's key-block bounds [TILE, HEAD_DIM], float32
+    kb = start + tl.arange(0, TILE)
+    d = tl.arange(0, HEAD_DIM)
+    bound_at = (lane * nb + kb)[:, None].to(tl.int64) * head_dim + d[None, :]
+    bound_mask = (kb[:, None] < nb) & (d[None, :] < head_dim)
+    lo = tl.load(Lo + bound_at, mask=bound_mask, other=0.0)
+    hi = tl.load(Hi + bound_at, mask=bound_mask, other=0.0)
+    # -- the query block's real rows (absolute positions qb * BLOCK + i, queries from q_offset on)
+    pos = qb * BLOCK + tl.arange(0, BLOCK)
+    real = (pos >= q_offset) & (pos < seq_len)
+    best = tl.full([TILE], float("-inf"), tl.float32)
+    for g in range(GROUP):
+        head = kv_head * GROUP + g
+        q_at = (batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+                + (pos - q_offset)[:, None].to(tl.int64) * stride_qs + d[None, :] * stride_qd)
+        q = tl.load(Q + q_at, mask=real[:, None] & (d[None, :] < head_dim), other=0.0).to(tl.float32)
+        # -- every query's bound on every key of each block, then the largest over the block's real queries
+        bound = tl.dot(tl.maximum(q, 0.0), tl.trans(hi)) + tl.dot(tl.minimum(q, 0.0), tl.trans(lo))
+        bound = tl.where(real[:, None], bound, float("-inf"))
+        best = tl.maximum(best, tl.max(bound, axis=0))
+    tl.store(Out + (lane * rows_per_lane + row).to(tl.int64) * nb + kb, best, mask=kb < nb)
+
+
+def quest_block_scores(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, block_size: int, window: int,
+                       q_offset: int = 0) -> torch.Tensor:
+    """Quest's scores of every (query block row, key block) for the queries ``q`` at the end of the keys whose
+    block bounds are ``lo``/``hi``, pooled over each key/value head's query heads. One launch, no host sync.
+
+    Arguments:
+        q: ``[B, H, L, D]`` (fp16, bf16 or fp32; any strides), the queries at absolute positions
+            ``q_offset .. q_offset + L - 1``; on a CUDA device or (Triton's interpreter) the CPU.
+        lo, hi: float32 ``[B, H_kv, n, D]``, contiguous, with ``H % H_kv == 0``.
+        block_size: tokens per block, a power of two ``>= 16``; window: the rule's window (the tiles after
+            each row's candidates are skipped).
+        q_offset: the absolute position of the first query; the keys number ``q_offset + L``.
+
+    Returns:
+        float32 ``[B, H_kv, R, n]`` (rows: the query blocks the queries touch, from ``q_offset // block_size``):
+        the largest bound of the row's queries and group on each key block; ``-inf`` in the tiles of key blocks
+        after the row's candidates (not scored).
+    """
+    batch, heads, length, dim = q.shape
+    kv_heads, nb = lo.shape[1], lo.shape[2]
+    first = q_offset // block_size
+    rows = nb - first
+    out = torch.full((batch, kv_heads, rows, nb), float("-inf"), dtype=torch.float32, device=q.device)
+    grid = (rows, batch * kv_heads, triton.cdiv(nb, TILE_N))
+    _quest_kernel[grid](q, lo, hi, out, q_offset + length, q_offset, first, nb, rows, kv_heads, window,
+                        *q.stride(), dim, GROUP=heads // kv_heads, BLOCK=block_size, TILE=TILE_N,
+                        HEAD_DIM=max(16, triton.next_power_of_2(dim)), num_warps=4)
+    return out

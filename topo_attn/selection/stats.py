@@ -1,0 +1,80 @@
+"""Per-block statistics that selectors score against: the mean, minimum and maximum of each block's rows.
+
+Key blocks give the centroid (``centroid``, ``topology``) and Quest's page bounds (the element-wise minimum and
+maximum); query blocks give the mean query (``centroid``), pooled over the query heads of a key/value head when
+the group chooses together. Every function reads the tensor in its own dtype and strides (no float copy of the
+keys), so a long cache costs one read per statistic; a partial last block counts its real rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..schedule import num_blocks
+from ..topology import block_centroids
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    """Key-block statistics of one layer: ``mean``, ``lo`` (element-wise minimum) and ``hi`` (maximum), each
+    ``[..., n, D]`` in one floating dtype."""
+
+    mean: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+
+def key_block_bounds(k: torch.Tensor, block_size: int,
+                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The element-wise minimum and maximum of the keys of each block (a partial last block: its real rows),
+    from the detached keys ``[..., S, D]``: ``(lo, hi)``, ``[..., n, D]`` each, in ``dtype`` (exact: the minimum
+    and maximum are keys)."""
+    k = k.detach()
+    seq = k.shape[-2]
+    full = seq // block_size
+    lo_parts, hi_parts = [], []
+    if full:
+        blocks = k[..., :full * block_size, :].unflatten(-2, (full, block_size))
+        lo_parts.append(blocks.amin(-2))
+        hi_parts.append(blocks.amax(-2))
+    if full * block_size < seq:
+        tail = k[..., full * block_size:, :]
+        lo_parts.append(tail.amin(-2, keepdim=True))
+        hi_parts.append(tail.amax(-2, keepdim=True))
+    return torch.cat(lo_parts, -2).to(dtype), torch.cat(hi_parts, -2).to(dtype)
+
+
+def key_block_stats(k: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32) -> BlockStats:
+    """:class:`BlockStats` of the keys ``[..., S, D]`` in blocks of ``block_size``: the centroids
+    (:func:`~topo_attn.block_centroids`, a Triton kernel on a GPU) and the bounds (:func:`key_block_bounds`)."""
+    lo, hi = key_block_bounds(k, block_size, dtype)
+    return BlockStats(block_centroids(k.detach(), block_size, dtype), lo, hi)
+
+
+def query_block_means(q: torch.Tensor, block_size: int, groups: int, dtype: torch.dtype = torch.float32,
+                      q_offset: int = 0) -> torch.Tensor:
+    """The mean query of each query block, averaged over the query heads of each of ``groups`` head groups.
+
+    Arguments:
+        q: ``[B, H, L, D]``, the queries at absolute positions ``q_offset .. q_offset + L - 1``.
+        block_size: tokens per block; groups: ``H_kv`` to pool each key/value head's query heads (``H`` keeps
+            every head).
+        q_offset: the absolute position of the first query (blocks stay aligned at position 0).
+
+    Returns:
+        ``[B, groups, R, D]`` in ``dtype``, rows the query blocks ``q_offset // block_size ..`` that the queries
+        touch (a partial first or last block: the mean of its real queries).
+    """
+    batch, heads, length, dim = q.shape
+    lead = q_offset % block_size  # queries of the first block that sit before the first query
+    rows = num_blocks(lead + length, block_size)
+    padded = q.detach()
+    if lead or rows * block_size != length:  # a partial block: zero rows, left out of the count below
+        padded = torch.nn.functional.pad(padded, (0, 0, lead, rows * block_size - lead - length))
+    sums = padded.unflatten(-2, (rows, block_size)).sum(-2, dtype=dtype)  # [B, H, R, D]
+    positions = torch.arange(rows * block_size, device=q.device)
+    real = ((positions >= lead) & (positions < lead + length)).view(rows, block_size).sum(-1)
+    sums = sums.view(batch, groups, heads // groups, rows, dim).sum(2)
+    return sums / (real.to(dtype)[:, None] * (heads // groups))

@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Callable, Sequence
-from typing import TextIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import NoReturn, TextIO, TypeVar
+
+T = TypeVar("T")
 
 DEBUG_FLAG = "--debug"
 
@@ -26,6 +28,36 @@ class UsageError(Exception):
 
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (UsageError, ValueError, TypeError, FileNotFoundError, NotADirectoryError)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are two short lines, ``{prog}: error: <message>`` and where to find the
+    usage, instead of a usage block that wraps over many lines (subcommand parsers made by
+    ``add_subparsers`` are of this class too). Exit code 2, as argparse's."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog}: see {self.prog} --help\n")
+
+
+def check_option(option: str, check: Callable[[], T]) -> T:
+    """``check()``, a call of the kit's own validation; its ``ValueError`` / ``TypeError`` becomes a
+    :class:`UsageError` ``argument {option}: <its message>`` (the option, what was given, what is expected)."""
+    try:
+        return check()
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"argument {option}: {error}") from error
+
+
+def check_at_least(option: str, values: int | Iterable[int] | None, minimum: int, name: str | None = None) -> None:
+    """Each of ``values`` (an int, several, or None for an option left at a None default) is an int
+    ``>= minimum`` (:func:`topo_attn._checks.check_int`), else a :class:`UsageError` naming ``option``."""
+    from ._checks import check_int
+
+    if values is None:
+        return
+    name = name or option.lstrip("-").replace("-", "_")
+    for value in [values] if isinstance(values, int) else values:
+        check_option(option, lambda: check_int(name, value, minimum))
 
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:

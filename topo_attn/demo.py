@@ -12,8 +12,11 @@ import time
 
 import torch
 
+from . import cli
+from ._checks import SUPPORTED_HEAD_DIMS, check_kernel_block_size
 from .rule import SINK, SKIPPED, TOPOLOGY, WINDOW, source_labels
 
+PROG = "python -m topo_attn.demo"
 PICTURE_CHARS = {SKIPPED: ".", SINK: "S", WINDOW: "W", TOPOLOGY: "T"}
 """One character per source label in the block picture."""
 
@@ -30,17 +33,34 @@ def _block_picture(labels: torch.Tensor, max_blocks: int = 32) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-len", type=int, default=1000)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--window", type=int, default=1)
-    parser.add_argument("--sinks", type=int, default=1)
-    parser.add_argument("--topk", type=int, default=2)
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's command line."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=1000, help="tokens (>= 1)")
+    parser.add_argument("--dim", type=int, default=64, choices=SUPPORTED_HEAD_DIMS, help="head dimension")
+    parser.add_argument("--heads", type=int, default=2, help="heads (>= 1)")
+    parser.add_argument("--block-size", type=int, default=64, help="tokens per block: a power of two >= 16")
+    parser.add_argument("--window", type=int, default=1, help="window blocks (>= 0)")
+    parser.add_argument("--sinks", type=int, default=1, help="sink blocks (>= 0)")
+    parser.add_argument("--topk", type=int, default=2, help="topology blocks per query block (>= 0)")
     parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
-    args = parser.parse_args(argv)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for a value the schedule or the kernel would reject, before
+    anything is printed."""
+    cli.check_at_least("--seq-len", args.seq_len, 1)
+    cli.check_at_least("--heads", args.heads, 1)
+    cli.check_option("--block-size", lambda: check_kernel_block_size(args.block_size))
+    for option in ("--window", "--sinks", "--topk"):
+        cli.check_at_least(option, getattr(args, option[2:]), 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    check_args(args)
 
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     if not on_gpu:
@@ -93,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog=PROG))

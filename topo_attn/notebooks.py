@@ -2,8 +2,9 @@
 
 Each notebook in ``notebooks/`` is executed with papermill (its ``parameters`` cell keeps its defaults unless
 ``-p NAME VALUE`` overrides one) into ``build/notebooks/``, then rendered to HTML with nbconvert; the paths
-are printed. While they run, a progress bar on stderr names the notebook that runs (``--no-progress`` turns it
-off; stdout is the same either way). Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set first, so the Triton
+are printed. While they run, a progress bar on stderr names the notebook that runs when stderr is a terminal
+(``--progress`` / ``--no-progress`` force it on or off; stdout is the same either way). Without a CUDA GPU,
+``TRITON_INTERPRET=1`` is set first, so the Triton
 kernel runs in Triton's interpreter inside the notebooks' kernels. The tests run the notebooks through
 :func:`run_notebook` too.
 """
@@ -20,6 +21,9 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from . import cli
+
+PROG = "python -m topo_attn.notebooks"
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 BUILD_DIR = ROOT / "build" / "notebooks"
@@ -165,30 +169,46 @@ def _value(text: str) -> object:
         return text
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the notebooks and print what was written. Returns the
-    exit status: 0, or 1 when the folder holds no notebook."""
-    from tqdm import tqdm
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The main job's command line."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOK_DIR, help="folder of notebooks to run")
     parser.add_argument("--out", type=Path, default=BUILD_DIR, help="folder for executed notebooks and HTML")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="override a parameter in every notebook that defines it")
     parser.add_argument("--no-html", action="store_true", help="skip the HTML copies")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    args = parser.parse_args(argv)
+    cli.add_progress_argument(parser)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the notebooks and print what was written. Returns the
+    exit status: 0, or 1 when the folder holds no notebook. Raises :class:`~topo_attn.cli.UsageError` for a
+    ``--notebooks`` that is not a folder or a ``-p`` name that no notebook's ``parameters`` cell defines."""
+    from tqdm import tqdm
+
+    args = build_parser().parse_args(argv)
+    if not args.notebooks.is_dir():
+        raise cli.UsageError(f"argument --notebooks: {args.notebooks} is not a folder; expected a folder of "
+                             f"*.ipynb notebooks (default {_shown(NOTEBOOK_DIR)})")
     paths = notebook_paths(args.notebooks)
     if not paths:
-        print(f"no notebooks under {args.notebooks}", file=sys.stderr)
+        print(f"{PROG}: error: no notebooks under {args.notebooks}", file=sys.stderr)
         return 1
+    known = {name for path in paths for name in notebook_parameters(path)}
+    unknown = [name for name, _ in args.parameter if name not in known]
+    if unknown:
+        raise cli.UsageError(f"argument -p/--parameter: no notebook under {args.notebooks} has a parameter "
+                             f"{', '.join(map(repr, unknown))}; their parameters are "
+                             f"{', '.join(sorted(known)) or 'none'}")
     parameters = {name: _value(value) for name, value in args.parameter}
     print(f"running {len(paths)} notebooks with papermill ({triton_mode()}; kernel {kernel_name()!r})", flush=True)
     written = []
     # one bar over the notebooks (papermill's bar over cells stays off: one bar reads better in a log);
     # the per-notebook lines go to stdout through the bar, which clears itself around them
     with tqdm(paths, desc="notebooks", unit="notebook", file=sys.stderr, leave=False,
-              disable=args.no_progress) as bar:
+              disable=not cli.progress_enabled(args.progress)) as bar:
         for path in bar:
             bar.set_postfix_str(path.name)
             start = time.perf_counter()
@@ -205,4 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog=PROG))

@@ -329,7 +329,8 @@ def test_study_with_token_granularity(tmp_path):
 
 
 @pytest.mark.parametrize("extra, match", [(["--strict"], "--strict"), (["--selectors", "window"], "window")])
-def test_study_rejects_what_token_granularity_lacks(extra, match, capsys):
-    with pytest.raises(SystemExit):
+def test_study_rejects_what_token_granularity_lacks(extra, match):
+    from topo_attn.cli import UsageError
+
+    with pytest.raises(UsageError, match=match):  # (the command line prints its message: tests/test_cli.py)
         study.main(["--granularity", "token", "--device", "cpu", *extra])
-    assert match in capsys.readouterr().err

@@ -187,7 +187,7 @@ def test_main_job_writes_notebooks_and_html_in_this_interpreter(tmp_path):
                                        "print('interpret', os.environ.get('TRITON_INTERPRET'))\nprint('label', label)")]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), src / "probe.ipynb")
     result = subprocess.run([sys.executable, "-m", "topo_attn.notebooks", "--notebooks", str(src), "--out",
-                             str(tmp_path / "out"), "-p", "label", "small"], capture_output=True, text=True,
+                             str(tmp_path / "out"), "-p", "label", "small", "--progress"], capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     executed, html = tmp_path / "out" / "probe.ipynb", tmp_path / "out" / "probe.html"
@@ -226,7 +226,7 @@ def test_main_job_progress_leaves_stdout_alone(monkeypatch, capsys, tmp_path):
     args = ["--notebooks", str(src), "--out", str(tmp_path / "out")]
     assert main_job.main(args + ["--no-progress"]) == 0
     quiet = capsys.readouterr()
-    assert main_job.main(args) == 0
+    assert main_job.main(args + ["--progress"]) == 0  # (no terminal: a bar only when asked for)
     shown = capsys.readouterr()
     assert ran == ["first.ipynb", "second.ipynb"] * 2
     assert shown.out == quiet.out and quiet.err == "" and "\r" not in shown.out

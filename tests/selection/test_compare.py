@@ -73,7 +73,7 @@ def test_cli_output_is_the_same_with_progress(capsys):
     args = ["--budgets", "1", "--report-budget", "1", "--key-set", "outliers"]
     main(args + ["--no-progress"])
     quiet = capsys.readouterr()
-    main(args)
+    main(args + ["--progress"])  # (without a terminal, a bar only when asked for)
     shown = capsys.readouterr()
     assert shown.out == quiet.out and quiet.err == ""
     assert "winner (without the oracle)" in shown.out and "\r" not in shown.out

@@ -3,12 +3,13 @@
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
 ``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, ``decode`` (one query token
 against a 32k / 128k key/value cache, the kit's decode path against SDPA and FlexAttention, with the HBM
-bandwidth reached and the suite's goals), with a progress bar on stderr naming the case that runs
-(``--no-progress`` turns it off; ``--no-flex`` leaves FlexAttention out of ``llm``, ``train``, ``model`` and
-``decode``). Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch and triton
-versions, the exact command, the date, the commit of the code with whether ``topo_attn/`` had uncommitted
-changes (:func:`~topo_attn.bench.results.code_version`), the optional note, the rows of every case (one per
-case, or one per implementation in ``model`` and per timed path in ``decode``) and the table) to ``--out`` or
+bandwidth reached and the suite's goals), with a progress bar on stderr naming the case that runs when stderr
+is a terminal (``--progress`` / ``--no-progress`` force it on or off; ``--no-flex`` leaves FlexAttention out of
+``llm``, ``train``, ``model`` and ``decode``). Prints the suite's markdown table on stdout and writes JSON (the
+GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
+``topo_attn/`` had uncommitted changes (:func:`~topo_attn.bench.results.code_version`), the optional note, the
+rows of every case (one per case, or one per implementation in ``model`` and per timed path in ``decode``) and
+the table) to ``--out`` or
 ``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .. import cli
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
 from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
@@ -33,23 +35,25 @@ from .select import run_select_case, select_markdown
 from .timing import graph_median_ms, median_ms
 from .train import run_train_case, train_markdown
 
-__all__ = ["SUITES", "main", "run_cases"]
-DISPLAY_FLAGS = ("--no-progress",)
+__all__ = ["SUITES", "build_parser", "main", "run_cases"]
+PROG = "python -m topo_attn.bench"
+DISPLAY_FLAGS = ("--no-progress", "--progress", "--debug")
 """Flags that change only what is shown while the runner works: left out of the command stored with the results."""
 
 
-def run_cases(cases: Sequence[Case], run_case: Callable[[Case], dict | list[dict]], progress: bool = True,
+def run_cases(cases: Sequence[Case], run_case: Callable[[Case], dict | list[dict]], progress: bool | None = True,
               description: str | None = None,
               after_case: Callable[[list[dict], int], None] | None = None) -> list[dict]:
     """The rows of ``run_case(case)`` for each of ``cases``, in order; a case may give one row (a dict) or
     several (a list of dicts). With ``progress``, a tqdm bar on stderr counts the cases, shows
     ``description`` and names the case that runs; it is cleared when the cases are done, and nothing is
-    written to stdout. ``after_case(rows, cases_done)`` is called with the rows so far after each case."""
+    written to stdout; ``progress=None``: a bar only when stderr is a terminal (:func:`topo_attn.cli.progress_enabled`).
+    ``after_case(rows, cases_done)`` is called with the rows so far after each case."""
     from tqdm import tqdm
 
     rows: list[dict] = []
     with tqdm(total=len(cases), desc=description, unit="case", file=sys.stderr, leave=False,
-              disable=not progress) as bar:
+              disable=not cli.progress_enabled(progress)) as bar:
         for done, case in enumerate(cases, 1):
             bar.set_postfix_str(case.name)
             found = run_case(case)
@@ -60,27 +64,38 @@ def run_cases(cases: Sequence[Case], run_case: Callable[[Case], dict | list[dict
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen suite and write its results. Returns the exit
-    status: 0, or 2 (with a message on stderr) without a CUDA GPU."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The runner's command line."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=sorted(SUITES), default="llm")
     parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these strings")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compilation is slow)")
     parser.add_argument("--note", default=None, help="a note stored with the results (the commit is stored anyway)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    cli.add_progress_argument(parser)
     parser.add_argument("--timer", choices=("eager", "graph"), default="eager",
                         help="decode suite: time each call eagerly (host launch path included) or as a CUDA graph "
                              "replay (the GPU's time, as a captured decode loop runs it)")
-    args = parser.parse_args(argv)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the chosen suite and write its results. Returns the exit
+    status: 0, or 2 (with a message on stderr) without a CUDA GPU. Raises :class:`~topo_attn.cli.UsageError`
+    when ``--cases`` matches no case of the suite."""
+    args = build_parser().parse_args(argv)
+    cases = [c for c in SUITES[args.suite] if not args.cases or any(s in c.name for s in args.cases)]
+    if not cases:
+        raise cli.UsageError(f"argument --cases: {' '.join(args.cases)} matches no case of suite {args.suite}; "
+                             f"its cases are {', '.join(c.name for c in SUITES[args.suite])}")
     if not torch.cuda.is_available():
-        print("the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/", file=sys.stderr)
+        print(f"{PROG}: error: the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/",
+              file=sys.stderr)
         return 2
     import triton
 
-    cases = [c for c in SUITES[args.suite] if not args.cases or any(s in c.name for s in args.cases)]
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}", file=sys.stderr)
     version = code_version()  # the code as the run starts
@@ -126,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=1))
         return table
 
-    rows = run_cases(cases, run_case, progress=not args.no_progress, description=f"suite {args.suite}",
+    rows = run_cases(cases, run_case, progress=args.progress, description=f"suite {args.suite}",
                      after_case=write)
     print(write(rows, len(cases)))
     print(f"wrote {out}", file=sys.stderr)
@@ -134,4 +149,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.run(main, prog=PROG))

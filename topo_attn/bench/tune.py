@@ -12,6 +12,13 @@ import itertools
 
 import torch
 
+from .. import cli
+from .._checks import SUPPORTED_DTYPES
+
+PROG = "python -m topo_attn.bench.tune"
+DTYPES = tuple(str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES)
+"""The dtypes the forward kernel takes, by name."""
+
 SHAPES = [
     # B, H, S, D, block_size, schedule ("topology" = #22's rule, window 1, 1 sink, top-k n/8; or "dense")
     (1, 32, 16384, 128, 128, "topology"),
@@ -35,18 +42,27 @@ def candidates(block_size: int, head_dim: int):
         yield dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, NUM_STAGES=stages, TMA=tma)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The sweep's command line."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run the sweep over ``SHAPES`` on the current CUDA device and print, per shape, SDPA's time, the
     schedule's limit and the six fastest configurations. ``argv``: ``[--dtype NAME]`` (default bfloat16).
-    Needs a CUDA GPU; a configuration that fails to compile or run is printed as failed and skipped."""
+    Needs a CUDA GPU (:class:`~topo_attn.cli.UsageError` without one); a configuration that fails to compile or
+    run is printed as failed and skipped. Returns 0."""
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        raise cli.UsageError("the tile sweep needs a CUDA GPU (it times the compiled kernel); none is visible here")
     import triton
 
     import topo_attn as ta
     from topo_attn.attention.forward import scheduled_attention_forward, tile_config
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="bfloat16")
-    args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} {args.dtype}")
     for B, H, S, D, bs, kind in SHAPES:
@@ -76,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append((ms, config, err))
         for ms, config, err in sorted(results, key=lambda r: r[0])[:6]:
             print(f"  {ms:7.3f} ms  {sdpa * visited / ms:5.2f} of limit  err {err:.1e}  {config}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(cli.run(main, prog=PROG))

@@ -25,14 +25,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import cli
 from ..bench.results import code_version
 from ..schedule import num_blocks
 from ..selection.incremental import INCREMENTAL_SELECTORS
 from .probe import Passkey
-from .study import add_common_arguments, load_documents, load_model
+from .study import add_common_arguments, check_common_arguments, eval_set_path, load_documents, load_model
 from .train import probe_distances, probe_set
 
 BACKEND = "topo_attn_passkey"
+PROG = "python -m topo_attn.lm passkey"
 SELECTORS = tuple(s for s in INCREMENTAL_SELECTORS if s != "topology_22")
 """The selectors with a decode path that this command offers (``topology_22`` decodes as ``topology``)."""
 
@@ -59,9 +61,10 @@ def generate_value(model, probe: Passkey, cache_factory=None) -> tuple[bytes, fl
 
 
 def passkey_generation_rows(model, probes: list[Passkey], attention: str, budget: int | None, args,
-                            progress: bool = True) -> list[dict]:
+                            progress: bool | None = True) -> list[dict]:
     """Rows for one configuration (module docstring): ``attention`` is ``"sdpa"``, ``"dense"`` or a selector of
-    :data:`SELECTORS` with ``budget`` extra blocks per query block."""
+    :data:`SELECTORS` with ``budget`` extra blocks per query block; a progress bar over the probes when
+    ``progress`` (None: when stderr is a terminal)."""
     from tqdm.auto import tqdm
 
     from ..integrations import transformers as tat
@@ -75,7 +78,8 @@ def passkey_generation_rows(model, probes: list[Passkey], attention: str, budget
                             budget=budget or 0, name=BACKEND)
         model.set_attn_implementation(name)
     results = []
-    for probe in tqdm(probes, desc=f"{attention} {budget}", disable=not progress, leave=False):
+    for probe in tqdm(probes, desc=f"{attention} {budget}", disable=not cli.progress_enabled(progress),
+                      leave=False):
         before = tat.visited_totals(name).get("decode kernel", (0, 0, 0)) if name else (0, 0, 0)
         value, seconds = generate_value(model, probe, TopoCache if name is not None else None)
         after = tat.visited_totals(name).get("decode kernel", (0, 0, 0)) if name else (0, 0, 0)
@@ -107,7 +111,7 @@ def passkey_generation(args: argparse.Namespace, argv: list[str] | None = None) 
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
     model = load_model(args.model, args.device, dtype)
-    docs = load_documents(args.eval_set or Path(args.model) / "eval_set.npz", args.documents, args.length)
+    docs = load_documents(eval_set_path(args), args.documents, args.length)
     probes = probe_set(docs, probe_distances(docs.shape[1]), args.probes, seed=args.seed)
     configs = [("sdpa", None), ("dense", None)] + [(s, 0 if s == "window" else b) for s in args.selectors
                                                     for b in ([0] if s == "window" else args.budgets)]
@@ -143,11 +147,21 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m topo_attn.lm passkey", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``python -m topo_attn.lm passkey``'s command line (``add_help=False``: as a parent parser)."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                add_help=add_help)
     add_arguments(parser)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` without ``passkey``; ``sys.argv[2:]`` when None): print the table. Raises
+    :class:`~topo_attn.cli.UsageError` for a bad value (:func:`~.study.check_common_arguments`) before anything
+    loads."""
     argv = sys.argv[2:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    check_common_arguments(args)
     print(markdown(passkey_generation(args, argv)))
     return 0

@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import cli
 from .._checks import check_int, check_qkv
 from ..bench.results import code_version
 from ..schedule import num_blocks
@@ -58,8 +59,10 @@ from ..selection import SELECTORS, centroid_scores, quest_scores, schedule_from_
 from ..topology import block_centroids
 from ..topology.persistence import centroid_distances, check_centroids, elder_salience, merge_order, prim_tree
 from .corpus import documents, find_sources, pack, split_sources
-from .study import DEFAULT_MODEL, capture_qkv, load_documents, load_model
+from .study import (DEFAULT_MODEL, capture_qkv, check_device, check_eval_set, check_model_folder, eval_set_path,
+                    load_documents, load_model)
 
+PROG = "python -m topo_attn.lm research"
 LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, -0.25)
 """The grid of ``lam`` tried per layer (ties go to the earlier value, so 0 wins a tie)."""
 
@@ -480,7 +483,7 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
     replaces the corpus' training documents. Returns the result dict (also written to ``args.out``)."""
     from tqdm.auto import tqdm
 
-    progress = args.progress
+    progress = cli.progress_enabled(args.progress)
     started = time.perf_counter()
     settings = Settings(args.length, args.block_size, args.sinks, args.window, tuple(args.budgets), args.tune_budget,
                         tuple(args.lambdas), args.seed)
@@ -495,8 +498,7 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
     lambdas, tuning = tune_lambdas(train_parts, settings)
     del train_parts
     # the evaluation documents are read only now, after the tuning
-    eval_docs = load_documents(args.eval_set or Path(args.model) / "eval_set.npz", args.eval_documents,
-                               settings.length)
+    eval_docs = load_documents(eval_set_path(args), args.eval_documents, settings.length)
     recalls = []
     for doc in tqdm(eval_docs, desc="evaluation documents", disable=not progress):
         parts = document_parts(model, doc, settings)
@@ -553,15 +555,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random's seed and the training files' shuffle")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=None, help="JSON file for the results")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    cli.add_progress_argument(parser)
+
+
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``python -m topo_attn.lm research``'s command line (``add_help=False``: as a parent parser)."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                add_help=add_help)
+    add_arguments(parser)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for parsed ``args`` that :func:`research` would reject late (the
+    evaluation set is read after the tuning) or unclearly; the files last."""
+    cli.check_at_least("--eval-documents", args.eval_documents, 1)
+    cli.check_at_least("--train-documents", args.train_documents, 1)
+    cli.check_at_least("--length", args.length, 1)
+    cli.check_at_least("--block-size", args.block_size, 1)
+    cli.check_at_least("--sinks", args.sinks, 0)
+    cli.check_at_least("--window", args.window, 0)
+    cli.check_at_least("--budgets", args.budgets, 0, "budget")
+    cli.check_at_least("--tune-budget", args.tune_budget, 0)
+    check_device("--device", args.device)
+    check_model_folder(args.model)
+    check_eval_set(args)
 
 
 def main(argv: list[str] | None = None, train_documents: np.ndarray | None = None) -> int:
-    """The command line (``argv`` without ``research``); ``train_documents`` as for :func:`research`."""
-    parser = argparse.ArgumentParser(prog="python -m topo_attn.lm research", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+    """The command line (``argv`` without ``research``); ``train_documents`` as for :func:`research`. Raises
+    :class:`~topo_attn.cli.UsageError` for a bad value (:func:`check_args`) before anything loads."""
     argv = sys.argv[2:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    check_args(args)
     print(summary_table(research(args, argv, train_documents)))
     return 0

@@ -37,11 +37,14 @@ import json
 import math
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .. import cli
+from .._checks import SUPPORTED_DTYPES, check_kernel_block_size
 from ..bench.results import ROOT, code_version
 from ..schedule import num_blocks
 from ..selection import full_attention, schedule_quality, select
@@ -55,6 +58,12 @@ SELECTORS = ("window", "random", "topology_22", "topology", "centroid", "quest",
 """The sparse selectors evaluated (every selector of :mod:`topo_attn.selection`)."""
 
 DEFAULT_MODEL = ROOT / "data" / "lm"
+PROG = "python -m topo_attn.lm evaluate"
+DTYPES = tuple(str(dtype).removeprefix("torch.") for dtype in SUPPORTED_DTYPES)
+"""The ``--dtype`` names: the dtypes the kit's kernels take."""
+MODEL_EXPECTED = ("a model folder with config.json and the weights (*.safetensors), as "
+                  "python -m topo_attn.lm train --out FOLDER writes one")
+EVAL_SET_EXPECTED = "an .npz file with a 'documents' array uint8 [N, L] (the held-out documents)"
 BACKEND = "topo_attn_evaluate"
 TOKEN_BACKEND = "topo_attn_token_evaluate"
 TOKEN_SKIPPED = ("recall and speed rows skipped for --granularity token: they measure the block schedules "
@@ -144,15 +153,17 @@ def _visited(name: str | None) -> tuple[int, int]:
     return sum(s.scheduled_blocks for s in stats), sum(s.causal_blocks for s in stats)
 
 
-def quality_rows(model, docs: np.ndarray, args, progress: bool = True) -> tuple[list[dict], list[dict]]:
-    """Perplexity rows and retrieval rows for every configuration (see the module docstring)."""
+def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True) -> tuple[list[dict], list[dict]]:
+    """Perplexity rows and retrieval rows for every configuration (see the module docstring); a progress bar when
+    ``progress`` (None: when stderr is a terminal)."""
     from tqdm.auto import tqdm
 
     ids = torch.from_numpy(docs.astype(np.int64))
     probes = probe_set(docs, probe_distances(docs.shape[1]), args.probes, seed=args.seed)
     perplexity, retrieval = [], []
     configs = configurations(args.budgets, chosen_selectors(args))
-    for attention, budget in tqdm(configs, desc="perplexity and retrieval", disable=not progress):
+    for attention, budget in tqdm(configs, desc="perplexity and retrieval",
+                                      disable=not cli.progress_enabled(progress)):
         started = time.perf_counter()
         name = _use(model, attention, budget, args)
         losses, scheduled, causal = [], 0, 0
@@ -195,14 +206,15 @@ def capture_qkv(model, ids: torch.Tensor) -> dict:
     return captured
 
 
-def recall_rows(model, doc: np.ndarray, args, progress: bool = True) -> list[dict]:
+def recall_rows(model, doc: np.ndarray, args, progress: bool | None = True) -> list[dict]:
     """Per selector, budget and layer: the attention-mass recall of each query head (mean over its rows) on
     ``doc``'s queries and keys."""
     from tqdm.auto import tqdm
 
     captured = capture_qkv(model, torch.from_numpy(doc.astype(np.int64))[None])
     rows = []
-    for layer, (q, k, v) in tqdm(sorted(captured.items()), desc="recall", disable=not progress):
+    for layer, (q, k, v) in tqdm(sorted(captured.items()), desc="recall",
+                                   disable=not cli.progress_enabled(progress)):
         reference = full_attention(q, k, v, args.block_size)
         for attention, budget in configurations(args.budgets, chosen_selectors(args))[2:]:
             options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
@@ -243,9 +255,71 @@ def add_common_arguments(parser: argparse.ArgumentParser, documents_help: str) -
     parser.add_argument("--window", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, float32 on the CPU")
+    parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--out", default=None, help="JSON file for the results")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    cli.add_progress_argument(parser)
+
+
+def check_device(option: str, device: str) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for a ``device`` torch does not know, or a CUDA device where
+    there is none."""
+    kind = cli.check_option(option, lambda: torch.device(device).type)
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise cli.UsageError(f"argument {option}: {device} asked, but torch sees no CUDA GPU here; expected "
+                             f"cpu (or run on a machine with a GPU)")
+
+
+def check_model_folder(path: str | Path) -> Path:
+    """``path`` as a ``Path`` when it is a model folder (a folder with ``config.json``), else a
+    :class:`~topo_attn.cli.UsageError` for ``--model`` saying what is missing and what is expected (transformers
+    would read a missing folder as a Hub repository name)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise cli.UsageError(f"argument --model: no folder {path}; expected {MODEL_EXPECTED}")
+    if not (folder / "config.json").is_file():
+        raise cli.UsageError(f"argument --model: {path} has no config.json; expected {MODEL_EXPECTED}")
+    return folder
+
+
+def eval_set_path(args: argparse.Namespace) -> Path:
+    """``--eval-set``, or ``<model>/eval_set.npz`` by default."""
+    return Path(args.eval_set) if args.eval_set else Path(args.model) / "eval_set.npz"
+
+
+def check_eval_set(args: argparse.Namespace) -> Path:
+    """The evaluation set's path (:func:`eval_set_path`) when the file exists and holds a ``documents`` array,
+    else a :class:`~topo_attn.cli.UsageError` naming the file and what is expected there."""
+    path = eval_set_path(args)
+    given = "argument --eval-set:" if args.eval_set else "argument --eval-set (default <model>/eval_set.npz):"
+    if not path.is_file():
+        raise cli.UsageError(f"{given} no file {path}; expected {EVAL_SET_EXPECTED}")
+    if not zipfile.is_zipfile(path):
+        raise cli.UsageError(f"{given} {path} is not an .npz file; expected {EVAL_SET_EXPECTED}")
+    with np.load(path, allow_pickle=False) as data:
+        names = list(data.files)
+    if "documents" not in names:
+        raise cli.UsageError(f"{given} {path} holds the arrays {names}, no 'documents'; expected {EVAL_SET_EXPECTED}")
+    return path
+
+
+def check_common_arguments(args: argparse.Namespace, kernel_block_size: bool = True) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for a value of :func:`add_common_arguments` that would fail late
+    or unclearly: a count below 1, a negative number, a block size the kit's kernels do not take
+    (``kernel_block_size``; else any size >= 1), an unusable device, a missing model folder or evaluation set
+    (the files last)."""
+    cli.check_at_least("--documents", getattr(args, "documents", None), 1)
+    cli.check_at_least("--length", args.length, 1)
+    cli.check_at_least("--probes", getattr(args, "probes", None), 1)
+    if kernel_block_size:
+        cli.check_option("--block-size", lambda: check_kernel_block_size(args.block_size))
+    else:
+        cli.check_at_least("--block-size", args.block_size, 1)
+    cli.check_at_least("--sinks", args.sinks, 0)
+    cli.check_at_least("--window", args.window, 0)
+    cli.check_at_least("--budgets", args.budgets, 0, "budget")
+    check_device("--device", args.device)
+    check_model_folder(args.model)
+    check_eval_set(args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -268,13 +342,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flex", action="store_true", help="time transformers' flex_attention too (slow to compile)")
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for parsed ``args`` that :func:`evaluate` would reject late or
+    unclearly (:func:`chosen_selectors`, ``--dense-layers``, ``--batch``, :func:`check_common_arguments`)."""
+    try:
+        chosen_selectors(args)
+    except ValueError as error:
+        raise cli.UsageError(str(error)) from error
+    cli.check_at_least("--dense-layers", args.dense_layers, 0, "a dense layer")
+    cli.check_at_least("--batch", args.batch, 1)
+    check_common_arguments(args)
+
+
 def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """Everything of the module docstring for parsed ``args``; the results as a dict. Raises ``ValueError``
     for token granularity with ``--strict`` or a selector it does not have (:func:`chosen_selectors`)."""
     chosen_selectors(args)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
     model = load_model(args.model, args.device, dtype)
-    docs = load_documents(args.eval_set or Path(args.model) / "eval_set.npz", args.documents, args.length)
+    docs = load_documents(eval_set_path(args), args.documents, args.length)
     args.length = docs.shape[1]
     started = time.perf_counter()
     perplexity, retrieval = quality_rows(model, docs, args, args.progress)
@@ -308,16 +394,21 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m topo_attn.lm evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``python -m topo_attn.lm evaluate``'s command line (``add_help=False``: as a parent parser)."""
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                add_help=add_help)
     add_arguments(parser)
+    cli.add_debug_argument(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` without ``evaluate``; ``sys.argv[2:]`` when None): print the summary table.
+    Raises :class:`~topo_attn.cli.UsageError` for a bad value (:func:`check_args`) before anything loads."""
     argv = sys.argv[2:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
-    try:
-        chosen_selectors(args)
-    except ValueError as error:
-        parser.error(str(error))
+    args = build_parser().parse_args(argv)
+    check_args(args)
     result = evaluate(args, argv)
     print(summary_table(result))
     for note in result.get("notes", []):

@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from .._checks import check_int
+from ..cli import progress_enabled
 from .corpus import documents, find_sources, manifest, pack, split_sources
 from .evaluate import bits_per_byte, passkey_scores, token_losses
 from .probe import insert_copies, passkey_document
@@ -134,11 +136,26 @@ def _log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
+    """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1, a
+    context too short for the passkey probe. ``label(field)`` is how a message names a field (e.g. its
+    command-line option)."""
+    for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
+        check_int(label(name), getattr(settings, name), 1)
+    try:
+        probe_distances(settings.context)  # raises for a context too short for the passkey probe
+    except ValueError as error:
+        raise ValueError(str(error).replace("context", label("context"), 1)) from error
+    if settings.stop_after is not None:
+        check_int(label("stop_after"), settings.stop_after, 1)
+
+
 def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape: ModelShape = ModelShape(),
-          device: str = "cuda", roots=None, progress: bool = True, max_shard_size: str = "100MB") -> dict:
+          device: str = "cuda", roots=None, progress: bool | None = True, max_shard_size: str = "100MB") -> dict:
     """Train a model and write the checkpoint, log, corpus manifest and evaluation set into ``out_dir``
     (created; files of an earlier run there are replaced; the weights in files of at most ``max_shard_size``,
-    one file for the default model). ``roots``: the corpus roots (:func:`.corpus.find_sources`). Returns the
+    one file for the default model). ``roots``: the corpus roots (:func:`.corpus.find_sources`). A progress bar
+    over the steps when ``progress`` (None: when stderr is a terminal). Returns the
     final evaluation: validation bits per byte (overall and by position bucket) and the passkey probe under
     dense attention.
 
@@ -148,11 +165,7 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
-    for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
-        check_int(name, getattr(settings, name), 1)
-    probe_distances(settings.context)  # raises for a context too short for the passkey probe
-    if settings.stop_after is not None:
-        check_int("stop_after", settings.stop_after, 1)
+    check_settings(settings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "train_log.jsonl"
@@ -198,7 +211,7 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         return result
 
     train_started, seen, step = time.perf_counter(), 0, 0
-    bar = tqdm(range(settings.steps), desc="train", unit="step", disable=not progress)
+    bar = tqdm(range(settings.steps), desc="train", unit="step", disable=not progress_enabled(progress))
     model.train()
     for step in bar:
         for group in optimizer.param_groups:

@@ -9,13 +9,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from ..cli import progress_enabled
 from .metrics import DEFAULT_CHUNK, block_attention_mass, full_attention, schedule_quality
 from .selectors import SELECTORS, TOPOLOGY_AWARE, schedule_from_scores, select
 
 
 def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, budgets: Sequence[int],
                       selectors: Sequence[str] | None = None, sinks: int = 1, window: int = 1,
-                      per_lane: bool = False, chunk: int = DEFAULT_CHUNK, progress: bool | str = True,
+                      per_lane: bool = False, chunk: int = DEFAULT_CHUNK, progress: bool | str | None = True,
                       **options) -> list[dict]:
     """Every selector at every budget on one input; full attention is computed once (and the oracle's block
     mass once for all budgets).
@@ -31,7 +32,8 @@ def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_s
         per_lane: one row per lane instead of lane means.
         chunk: query rows per reference call, ``>= 1``.
         progress: a tqdm bar on stderr over the (selector, budget) pairs, naming the one that runs and cleared
-            when all are done (stdout is left alone); a string is the bar's description; False shows none.
+            when all are done (stdout is left alone); a string is the bar's description; False shows none;
+            None shows one only when stderr is a terminal (:func:`topo_attn.cli.progress_enabled`).
         options: passed to :func:`~topo_attn.selection.selectors.select` (``seed``, ``clusters``, ``scale``).
 
     Returns:
@@ -42,18 +44,19 @@ def compare_selectors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_s
     Raises:
         ValueError, TypeError: as :func:`~topo_attn.selection.selectors.select` and
         :func:`~topo_attn.selection.metrics.schedule_quality`; TypeError for a ``progress`` that is neither a
-        bool nor a string.
+        bool, a string nor None.
     """
-    if not isinstance(progress, (bool, str)):
-        raise TypeError(f"progress must be a bool or a string (the bar's description), got {progress!r}")
+    if progress is not None and not isinstance(progress, (bool, str)):
+        raise TypeError(f"progress must be a bool or a string (the bar's description), or None (a bar when stderr "
+                        f"is a terminal), got {progress!r}")
     from tqdm import tqdm
 
     selectors = list(SELECTORS) if selectors is None else list(selectors)
     pairs = [(budget, name) for budget in budgets for name in selectors]
-    description = "compare_selectors" if progress is True else progress or None
+    description = "compare_selectors" if progress is True or progress is None else progress or None
     rows = []
     with tqdm(total=len(pairs), desc=description, unit="selector", file=sys.stderr, leave=False,
-              disable=progress is False) as bar:
+              disable=not progress_enabled(None if progress is None else progress is not False)) as bar:
         bar.set_postfix_str("full attention (the reference)")
         reference = full_attention(q, k, v, block_size, options.get("scale"), chunk)
         mass = None

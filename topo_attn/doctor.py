@@ -156,7 +156,8 @@ def forward_choice(q, k, v, schedule, scale: float) -> dict:
     name, reason = forward_kernel(q, k, v, schedule, scale)
     if name == "hopper":
         return dict(kernel="hopper", name="Gluon warp-specialised Hopper forward (attention/hopper.py)",
-                    reason="it applies: Hopper GPU, triton 3.6, fp16/bf16, head dim and block size it takes")
+                    reason="hopper_unsupported_reason has nothing against this call (a Hopper GPU, triton 3.6, "
+                           "and a dtype, head dim, block size and layout the kernel takes)")
     return dict(kernel="portable", name="portable Triton forward (attention/forward.py)",
                 reason=f"the Gluon Hopper forward does not apply: {reason}")
 

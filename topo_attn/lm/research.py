@@ -55,7 +55,7 @@ from .. import cli
 from .._checks import check_int, check_qkv
 from ..bench.results import code_version
 from ..schedule import num_blocks
-from ..selection import SELECTORS, centroid_scores, quest_scores, schedule_from_scores
+from ..selection import block_scores, schedule_from_scores
 from ..topology import block_centroids
 from ..topology.persistence import centroid_distances, check_centroids, elder_salience, merge_order, prim_tree
 from .corpus import documents, find_sources, pack, split_sources
@@ -68,6 +68,12 @@ LAMBDAS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, -0.25)
 
 BASELINES = ("random", "topology", "centroid", "quest", "oracle")
 """Selectors of :data:`topo_attn.selection.SELECTORS` run beside the ideas."""
+
+
+def head_scores(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, **options) -> torch.Tensor:
+    """The float64 block scores of selector ``name`` per query head, ``[B, H, n, n]``
+    (:func:`~topo_attn.selection.block_scores` with ``per_query_head=True``), the ideas' convention."""
+    return block_scores(name, q, k, block_size, per_query_head=True, dtype=torch.float64, **options)
 
 TUNED = ("centroid_salience", "score_persistence", "quest_mst")
 """The ideas with a ``lam`` tuned per layer."""
@@ -249,7 +255,7 @@ def topology_causal_scores(q, k, block_size, trees: PrefixTrees | None = None, *
 
 def centroid_salience_terms(q, k, block_size, trees: PrefixTrees | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(z(centroid), z(topology_causal))``, float64 ``[B, H, n, n]`` each."""
-    return (causal_zscore(centroid_scores(q, k, block_size)),
+    return (causal_zscore(head_scores("centroid", q, k, block_size)),
             causal_zscore(topology_causal_scores(q, k, block_size, trees)))
 
 
@@ -259,7 +265,7 @@ def score_persistence_terms(q, k, block_size, trees: PrefixTrees | None = None,
     scores of row ``qb`` on the prefix tree of ``qb`` (blocks ``0..qb``), computed ``chunk`` rows at a time.
     Float64 ``[B, H, n, n]`` each."""
     group, trees = _tree_parts(q, k, block_size, trees)
-    scores = centroid_scores(q, k, block_size)
+    scores = head_scores("centroid", q, k, block_size)
     nb = scores.shape[-1]
     adjacency = trees.adjacency.to(q.device).repeat_interleave(group, dim=1).reshape(-1, nb, nb)
     causal = torch.ones(nb, nb, dtype=torch.bool, device=q.device).tril().expand(scores.shape).reshape(-1, nb)
@@ -273,7 +279,7 @@ def quest_mst_terms(q, k, block_size, trees: PrefixTrees | None = None) -> tuple
     """``(quest, mean quest score of the block's neighbours in the prefix tree of the row)`` (0 for a block
     without neighbours), float64 ``[B, H, n, n]`` each."""
     group, trees = _tree_parts(q, k, block_size, trees)
-    quest = quest_scores(q, k, block_size)
+    quest = head_scores("quest", q, k, block_size)
     b, h, nb, _ = quest.shape
     adjacency = trees.adjacency.to(q.device, torch.float64)  # [B, H_kv, qb, i, j]
     grouped = quest.reshape(b, h // group, group, nb, nb)
@@ -388,11 +394,11 @@ def layer_parts(q: torch.Tensor, k: torch.Tensor, settings: Settings) -> LayerPa
     :data:`~topo_attn.selection.SELECTORS`, the ideas through :data:`RESEARCH_SELECTORS` and :data:`TERMS`
     (the prefix trees computed once)."""
     bs = settings.block_size
-    mass = SELECTORS["oracle"](q, k, bs)
+    mass = head_scores("oracle", q, k, bs)
     parts = LayerParts(mass, {"oracle": mass})
     for name in BASELINES:
         if name != "oracle":
-            parts.scores[name] = SELECTORS[name](q, k, bs, seed=settings.seed)
+            parts.scores[name] = head_scores(name, q, k, bs, seed=settings.seed)
     trees = key_prefix_trees(k, bs)
     parts.scores["topology_causal"] = RESEARCH_SELECTORS["topology_causal"](q, k, bs, trees=trees)
     for name in TUNED:
@@ -483,7 +489,7 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
     replaces the corpus' training documents. Returns the result dict (also written to ``args.out``)."""
     from tqdm.auto import tqdm
 
-    progress = cli.progress_enabled(args.progress)
+    progress = args.progress  # None: a bar when stderr is a terminal
     started = time.perf_counter()
     settings = Settings(args.length, args.block_size, args.sinks, args.window, tuple(args.budgets), args.tune_budget,
                         tuple(args.lambdas), args.seed)
@@ -494,13 +500,14 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
     if train_documents.ndim != 2 or train_documents.shape[1] != settings.length:
         raise ValueError(f"train_documents must be [N, {settings.length}], got {train_documents.shape}")
     train_parts = [document_parts(model, doc, settings)
-                   for doc in tqdm(train_documents, desc="training documents", disable=not progress)]
+                   for doc in tqdm(train_documents, desc="training documents",
+                                                      disable=not cli.progress_enabled(progress))]
     lambdas, tuning = tune_lambdas(train_parts, settings)
     del train_parts
     # the evaluation documents are read only now, after the tuning
     eval_docs = load_documents(eval_set_path(args), args.eval_documents, settings.length)
     recalls = []
-    for doc in tqdm(eval_docs, desc="evaluation documents", disable=not progress):
+    for doc in tqdm(eval_docs, desc="evaluation documents", disable=not cli.progress_enabled(progress)):
         parts = document_parts(model, doc, settings)
         recalls.append({layer: layer_recalls(p, {n: lambdas[n][layer] for n in TUNED}, settings)
                         for layer, p in parts.items()})

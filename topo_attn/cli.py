@@ -2,8 +2,10 @@
 non-zero exit instead of a traceback, ``--debug`` shows the traceback, and progress bars appear only when stderr
 is a terminal unless ``--progress`` / ``--no-progress`` says otherwise.
 
-An entry point module has ``build_parser()`` (its whole command line, ``prog`` set to how a user types it) and
-``main(argv) -> int``, and ends with ``raise SystemExit(run(main, prog=...))``. Exit codes: 0 done, 2 a usage
+An entry point module has ``build_parser()`` (its whole command line as an :class:`ArgumentParser`, ``prog`` set to
+how a user types it, with :func:`add_debug_argument` and, where a bar is drawn, :func:`add_progress_argument`) and
+``main(argv) -> int``, which checks the values up front (:func:`check_option` around the kit's own validation,
+:func:`check_at_least`, or a :class:`UsageError`), and ends with ``raise SystemExit(run(main, prog=...))``. Exit codes: 0 done, 2 a usage
 error (argparse's own, :class:`UsageError`, or a ``ValueError`` / ``TypeError`` / ``FileNotFoundError`` /
 ``NotADirectoryError`` from the kit's validation, whose messages name the argument), 1 any other failure,
 130 interrupted.

@@ -57,7 +57,7 @@ def assert_close(got, want, dtype, what=""):
     return err
 
 
-def register_reference(selector, sinks, window, budget, dense_layers, schedules: dict):
+def register_reference(selector, sinks, window, budget, dense_layers, schedules: dict, options=None):
     """Register the test's reference under :data:`REFERENCE`: per layer the schedule straight from the
     selection harness (``selection.select``, or every causal block for a dense layer), the attention by
     ``dense_masked_attention`` in float64, GQA by the reference. Records each layer's schedule."""
@@ -68,7 +68,8 @@ def register_reference(selector, sinks, window, budget, dense_layers, schedules:
         if selector == "dense" or module.layer_idx in dense_layers:
             schedule = ta.dense_causal_schedule(seq_len, BLOCK, query.device)
         else:
-            schedule = selection.select(selector, query, key, BLOCK, sinks, window, budget, scale=scaling)
+            schedule = selection.select(selector, query, key, BLOCK, sinks, window, budget, scale=scaling,
+                                        **(options or {}))
         schedules[module.layer_idx] = schedule
         out = ta.dense_masked_attention(query.double(), key.double(), value.double(), schedule, scale=scaling)
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
@@ -119,9 +120,9 @@ def test_sparse_logits_equal_the_reference_with_the_same_schedules(selector, dev
     assert_close(got, want, dtype, selector)
     stats = tat.last_stats(name)
     for layer, schedule in schedules.items():
-        assert schedule.lanes == (2, 4)  # one row-set per (batch, query head)
+        assert schedule.lanes == (2, 2)  # one row-set per (batch, key/value head): the group chooses together
         nb = ta.num_blocks(90, BLOCK)
-        assert stats[layer].scheduled_blocks == schedule.nnz
+        assert stats[layer].scheduled_blocks == 2 * schedule.nnz  # each row-set serves the group's 2 query heads
         assert stats[layer].causal_blocks == 2 * 4 * nb * (nb + 1) // 2
         assert stats[layer].visited_fraction < 1.0  # sparse indeed
     dense = logits_with(model, "sdpa", ids)
@@ -139,7 +140,19 @@ def test_sparse_bfloat16_with_a_dense_layer(device):
     assert_close(logits_with(model, name, ids), logits_with(model, REFERENCE, ids), dtype, "bf16 centroid")
     stats = tat.last_stats(name)
     assert stats[0].visited_fraction < 1.0 and stats[1].visited_fraction == 1.0
-    assert stats[0].scheduled_blocks == schedules[0].nnz
+    assert stats[0].scheduled_blocks == 2 * schedules[0].nnz  # 4 query heads over 2 key/value heads
+
+
+def test_per_query_head_selection_is_an_option(device):
+    name = tat.register(selector="quest", block_size=BLOCK, sinks=1, window=1, budget=1, name="topo_per_head",
+                        options={"per_query_head": True})
+    schedules = {}
+    register_reference("quest", 1, 1, 1, (), schedules, options={"per_query_head": True})
+    model = tiny_llama(torch.float32, device)
+    ids = token_ids(1, 70, device)
+    assert_close(logits_with(model, name, ids), logits_with(model, REFERENCE, ids), torch.float32, "per head")
+    assert all(schedule.lanes == (1, 4) for schedule in schedules.values())
+    assert tat.last_stats(name)[0].scheduled_blocks == schedules[0].nnz
 
 
 def test_registering_again_replaces_the_settings(device):

@@ -5,6 +5,7 @@ the metric's, lambda tuning on training documents only, and the driver end to en
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -14,8 +15,7 @@ from topo_attn.attention import dense_masked_attention
 from topo_attn.lm import research
 from topo_attn.lm.corpus import is_validation
 from topo_attn.rule import base_block_mask
-from topo_attn.selection import (SELECTORS, block_attention_mass, centroid_scores, full_attention, quest_scores,
-                                 schedule_from_scores, schedule_quality)
+from topo_attn.selection import block_attention_mass, full_attention, schedule_from_scores, schedule_quality
 from topo_attn.topology import block_centroids, minimum_spanning_tree
 from topo_attn.topology.persistence import lane_saliences
 
@@ -161,7 +161,7 @@ def test_quest_mst_neighbour_term_is_the_mean_over_tree_neighbours():
     q, k = qk(3, seq=120)
     trees = research.key_prefix_trees(k, 16)
     quest, near = research.quest_mst_terms(q, k, 16, trees)
-    torch.testing.assert_close(quest, quest_scores(q, k, 16))
+    torch.testing.assert_close(quest, research.head_scores("quest", q, k, 16))
     for head in range(4):
         for qb in (0, 3, 7):
             adj = trees.adjacency[0, head // 2, qb]
@@ -175,7 +175,7 @@ def test_score_persistence_term_is_gudhis_tree_persistence_of_each_row():
     q, k = qk(4, seq=100)
     trees = research.key_prefix_trees(k, 16)
     base, extra = research.score_persistence_terms(q, k, 16, trees, chunk=5)
-    scores = centroid_scores(q, k, 16)
+    scores = research.head_scores("centroid", q, k, 16)
     torch.testing.assert_close(base, research.causal_zscore(scores))
     bars = torch.zeros_like(scores)
     for head in range(4):
@@ -189,12 +189,13 @@ def test_score_persistence_term_is_gudhis_tree_persistence_of_each_row():
 def test_every_schedule_is_causal_with_sinks_and_window_and_visits_as_many_blocks_as_centroid(name):
     q, k = qk(5)
     nb, budget = 13, 4
-    fn = SELECTORS[name] if name in research.BASELINES else research.RESEARCH_SELECTORS[name]
+    fn = (partial(research.head_scores, name) if name in research.BASELINES
+          else research.RESEARCH_SELECTORS[name])
     scores = fn(q, k, 16, lam=0.5)
     assert scores.shape == (1, 4, nb, nb) and scores.dtype == torch.float64
     causal = torch.ones(nb, nb, dtype=torch.bool).tril()
     poisoned = scores.masked_fill(~causal, 1e300)  # non-causal blocks must be ignored however they score
-    reference = schedule_from_scores(centroid_scores(q, k, 16), 16, 200, 2, 1, budget).to_block_mask()
+    reference = schedule_from_scores(research.head_scores("centroid", q, k, 16), 16, 200, 2, 1, budget).to_block_mask()
     for s in (scores, poisoned):
         mask = schedule_from_scores(s, 16, 200, 2, 1, budget).to_block_mask()
         assert not (mask & ~causal).any()
@@ -204,10 +205,9 @@ def test_every_schedule_is_causal_with_sinks_and_window_and_visits_as_many_block
 
 def test_lam_zero_gives_the_base_selectors_schedule():
     q, k = qk(6)
-    for name, base in (("centroid_salience", centroid_scores), ("quest_mst", quest_scores),
-                       ("score_persistence", centroid_scores)):
+    for name, base in (("centroid_salience", "centroid"), ("quest_mst", "quest"), ("score_persistence", "centroid")):
         ours = schedule_from_scores(research.RESEARCH_SELECTORS[name](q, k, 16, lam=0.0), 16, 200, 1, 1, 3)
-        theirs = schedule_from_scores(base(q, k, 16), 16, 200, 1, 1, 3)
+        theirs = schedule_from_scores(research.head_scores(base, q, k, 16), 16, 200, 1, 1, 3)
         assert torch.equal(ours.to_block_mask(), theirs.to_block_mask()), name
 
 
@@ -216,7 +216,7 @@ def test_mean_recall_is_the_metrics_recall_for_all_and_late_rows():
     q, k = qk(7, seq=100)
     v = torch.randn(k.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     mass = block_attention_mass(q, k, 16)
-    schedule = schedule_from_scores(centroid_scores(q, k, 16), 16, 100, 1, 1, 2)
+    schedule = schedule_from_scores(research.head_scores("centroid", q, k, 16), 16, 100, 1, 1, 2)
     mask = schedule.to_block_mask()
     recall = research.mean_recall(mass, mask, 16, 100)
     torch.testing.assert_close(recall.reshape(-1), schedule_quality(q, k, v, schedule).recall)

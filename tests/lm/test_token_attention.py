@@ -19,6 +19,8 @@ from topo_attn.lm import study
 from topo_attn.lm import token_attention as tok
 from topo_attn.lm.research import prefix_trees
 from topo_attn.selection import candidate_counts
+from topo_attn.selection.topk import choose_blocks
+from topo_attn.selection.topology import prefix_saliences
 
 transformers = pytest.importorskip("transformers", minversion="5")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -137,7 +139,7 @@ def test_every_token_sees_min_budget_candidates_more(length, sinks, window, budg
 
 def test_prefix_saliences_are_those_of_the_blocks_before():
     _, k, _ = qkv(131, seed=2)
-    got = tok.prefix_saliences(k, BLOCK)
+    got = prefix_saliences(k, BLOCK)
     centroids = torch.stack([k[..., i:i + BLOCK, :].mean(-2) for i in range(0, 131, BLOCK)], dim=-2)
     assert got.shape == (2, 2, 9, 9) and got.dtype == torch.float64
     trees = prefix_trees(centroids[..., :8, :]).salience  # row b - 1: the blocks 0..b-1
@@ -148,15 +150,15 @@ def test_prefix_saliences_are_those_of_the_blocks_before():
     # blocks after b (and b itself) do not matter to row b
     changed = k.clone()
     changed[..., 4 * BLOCK:, :] = torch.randn_like(changed[..., 4 * BLOCK:, :])
-    assert torch.equal(tok.prefix_saliences(changed, BLOCK)[..., :5, :], got[..., :5, :])
+    assert torch.equal(prefix_saliences(changed, BLOCK)[..., :5, :], got[..., :5, :])
 
 
 def test_ties_go_to_the_lower_block():
     scores = torch.tensor([[0.0, 1.0, 1.0, 1.0, 2.0]])
     candidates = torch.tensor([[True, True, True, True, False]])
-    assert tok.choose_blocks(scores, candidates, 2).tolist() == [[False, True, True, False, False]]
+    assert choose_blocks(scores, candidates, 2).tolist() == [[False, True, True, False, False]]
     minus_inf = torch.full((1, 5), float("-inf"))
-    assert tok.choose_blocks(minus_inf, candidates, 2).tolist() == [[True, True, False, False, False]]
+    assert choose_blocks(minus_inf, candidates, 2).tolist() == [[True, True, False, False, False]]
 
 
 def test_token_mask():
@@ -214,7 +216,7 @@ def test_pooled_selection_would_fail_the_look_ahead_check(llama):
     from topo_attn.selection import select
 
     def pooled(module, query, key, value, attention_mask, scaling=None, **kwargs):
-        schedule = select("centroid", query, key, BLOCK, 1, 1, 2)
+        schedule = select("centroid", query, key, BLOCK, 1, 1, 2, per_query_head=True)
         block_mask = schedule.to_block_mask()  # [B, H, n, n]
         mask = block_mask.repeat_interleave(BLOCK, -2).repeat_interleave(BLOCK, -1)[..., :LENGTH, :LENGTH]
         mask &= torch.ones(LENGTH, LENGTH, dtype=torch.bool).tril()

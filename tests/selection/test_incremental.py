@@ -9,6 +9,7 @@ import torch
 
 import topo_attn as ta
 from topo_attn.lm.token_attention import TokenSettings, token_block_choice
+from topo_attn.rule import budget_row_widths
 from topo_attn.selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
 
@@ -116,16 +117,14 @@ def test_errors():
 
 
 @pytest.mark.parametrize("selector", ["quest", "centroid", "topology", "random"])
-def test_rows_of_one_width_match_the_general_path(selector):
-    """Far enough into the cache every row holds sinks, window and budget apart: the CSR is built by arithmetic
-    (no nonzero), and it equals the general path's, for one row and for two, shorter rows included."""
+def test_rows_have_the_budget_rules_widths(selector):
+    """Every row holds its sinks, its window and min(budget, candidates) chosen blocks: the widths the CSR is
+    built from by arithmetic (no nonzero); the schedule is valid and its chosen blocks are the row's best
+    candidates (checked per query against the token choice above)."""
     for S, L, sinks, window, budget in ((300, 1, 1, 1, 3), (300, 20, 2, 1, 4), (257, 16, 1, 2, 5),
-                                        (160, 1, 1, 1, 7), (160, 1, 1, 1, 8)):
+                                        (160, 1, 1, 1, 7), (160, 1, 1, 1, 8), (40, 8, 1, 1, 4)):
         q, k = _qk(2, 4, 2, L, S, 8, seed=S + L)
-        fast = select_for_queries(selector, q, k, 16, sinks, window, budget, seed=2).validate()
-        general = select_for_queries(selector, q, k, 16, sinks, window, budget, seed=2, fixed_width=False)
-        assert torch.equal(fast.offsets, general.offsets) and torch.equal(fast.indices, general.indices)
-        widths = (fast.offsets[1:] - fast.offsets[:-1]).unique().tolist()
+        schedule = select_for_queries(selector, q, k, 16, sinks, window, budget, seed=2).validate()
         first = (S - L) // 16
-        if first - window - sinks >= budget:
-            assert widths == [sinks + window + 1 + budget]
+        widths = budget_row_widths(torch.arange(first, -(-S // 16)), sinks, window, budget)
+        assert torch.equal(schedule.offsets.diff().view(2, 2, -1), widths.int().expand(2, 2, -1))

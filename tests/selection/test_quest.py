@@ -44,7 +44,7 @@ def _tile_max(q: torch.Tensor, k: torch.Tensor, block: int) -> torch.Tensor:
 @pytest.mark.parametrize("seq, block", [(77, 16), (50, 7), (9, 16)])
 def test_quest_scores_equal_a_brute_force_loop_shared(seq, block):
     q, k = _fresh((seq, 6), seed=seq), _fresh((seq, 6), seed=seq + 1)
-    got = selection.quest_scores(q, k, block)
+    got = selection.block_scores("quest", q, k, block, per_query_head=True)
     assert got.dtype == torch.float64 and got.shape == (math.ceil(seq / block),) * 2
     torch.testing.assert_close(got, _brute_quest(q, k, block), rtol=1e-12, atol=1e-12)
 
@@ -52,7 +52,8 @@ def test_quest_scores_equal_a_brute_force_loop_shared(seq, block):
 def test_quest_scores_equal_a_brute_force_loop_gqa():
     seq, block, heads, kv_heads = 61, 8, 4, 2
     q, k = _fresh((2, heads, seq, 5), seed=11), _fresh((2, kv_heads, seq, 5), seed=12)
-    got = selection.quest_scores(q.to(torch.float32), k.to(torch.float32), block)  # computed in float64
+    got = selection.block_scores("quest", q.to(torch.float32), k.to(torch.float32), block,
+                                per_query_head=True)  # computed in float64 on the CPU
     nb = math.ceil(seq / block)
     assert got.dtype == torch.float64 and got.shape == (2, heads, nb, nb)
     q32, k32 = q.to(torch.float32).to(torch.float64), k.to(torch.float32).to(torch.float64)
@@ -66,7 +67,7 @@ def test_quest_scores_equal_a_brute_force_loop_gqa():
 def test_quest_score_bounds_every_dot_of_its_causal_tiles(shape_q, shape_k):
     block = 16
     q, k = _fresh(shape_q, seed=21), _fresh(shape_k, seed=22)
-    scores = selection.quest_scores(q, k, block)
+    scores = selection.block_scores("quest", q, k, block, per_query_head=True)
     q4 = q[None, None] if q.ndim == 2 else q
     k4 = k[None, None] if k.ndim == 2 else k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s4 = scores[None, None] if q.ndim == 2 else scores
@@ -99,7 +100,7 @@ def test_quest_visits_as_many_blocks_per_row_as_centroid(sinks, window, budget):
     quest = selection.select("quest", q, k, block, **opts)
     centroid = selection.select("centroid", q, k, block, **opts)
     quest.validate()
-    assert quest.lanes == centroid.lanes == (1, 4)
+    assert quest.lanes == centroid.lanes == (1, 2)  # one row-set per key/value head
     assert torch.equal(quest.to_block_mask().sum(-1), centroid.to_block_mask().sum(-1))
     shared = selection.select("quest", q[0, 0], k[0, 0], block, **opts)
     assert shared.lanes is None
@@ -108,6 +109,8 @@ def test_quest_visits_as_many_blocks_per_row_as_centroid(sinks, window, budget):
 
 
 def test_quest_is_registered():
-    assert selection.SELECTORS["quest"] is selection.quest_scores
+    from topo_attn.selection import quest
+
+    assert selection.SELECTORS["quest"] is quest.SELECTOR and quest.SELECTOR.step_scores is quest.step_scores
     assert "quest" in selection.QUERY_AWARE and "quest" not in selection.TOPOLOGY_AWARE
-    assert "quest" in selection.DESCRIPTIONS and "quest_scores" in selection.__all__
+    assert "quest" in selection.DESCRIPTIONS and "quest" in selection.names("token")

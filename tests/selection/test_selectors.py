@@ -39,7 +39,8 @@ def test_shared_and_gqa_inputs(random_qkv):
     q4, k4, _ = random_qkv(128, 16, heads=4, seed=2)
     k2 = k4[:, :2]
     s4 = selection.select("oracle", q4, k2, 32, budget=1)
-    assert s4.lanes == (1, 4)
+    assert s4.lanes == (1, 2)  # one row-set per key/value head by default
+    assert selection.select("oracle", q4, k2, 32, budget=1, per_query_head=True).lanes == (1, 4)
     m = selection.schedule_quality(q4, k2, k2, s4)
     assert m.recall.shape == (4,)
 
@@ -48,7 +49,7 @@ def test_random_selector_is_seeded_and_unknown_name_raises(random_qkv):
     q, k, _ = random_qkv(256, 16, seed=0)
     a, b = (selection.select("random", q, k, 16, budget=3, seed=7) for _ in range(2))
     assert torch.equal(a.indices, b.indices)
-    with pytest.raises(ValueError, match="unknown selector"):
+    with pytest.raises(ValueError, match="selector must be one of"):
         selection.select("nope", q, k, 16)
 
 

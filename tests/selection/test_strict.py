@@ -42,8 +42,8 @@ def test_strict_rows_ignore_later_tokens_and_pooled_rows_do_not(name):
     for block in (3, 5, 8):
         q2, k2 = perturbed(q, k, block * BLOCK + 5, seed=block)  # inside query block `block`
         for strict in (True, False):
-            before = row_sets(selection.select(name, q, k, BLOCK, 1, 1, 2, strict=strict))
-            after = row_sets(selection.select(name, q2, k2, BLOCK, 1, 1, 2, strict=strict))
+            before = row_sets(selection.select(name, q, k, BLOCK, 1, 1, 2, strict=strict, per_query_head=True))
+            after = row_sets(selection.select(name, q2, k2, BLOCK, 1, 1, 2, strict=strict, per_query_head=True))
             for lane_b, lane_a in zip(before, after):
                 if strict:  # rows up to and including the perturbed block are chosen from earlier tokens only
                     assert lane_b[:block + 1] == lane_a[:block + 1]

@@ -18,7 +18,7 @@ For token ``t`` of a lane, in block ``b_t = t // block_size``:
   - ``oracle``: the true causal softmax mass of token ``t`` on kb (the model's scale);
   - ``random``: uniform, from a generator on the query's device seeded with ``seed`` once per call;
   - ``topology``: the elder-rule salience of kb among the key blocks ``0 .. b_t - 1``
-    (:func:`prefix_saliences`).
+    (:func:`topo_attn.selection.topology.prefix_saliences`).
 
 Key statistics are those of complete past blocks, so no position's output depends on a later token. Grouped-
 query attention: q ``[B, Hq, L, D]``, k/v ``[B, Hkv, L, D]``; each query head scores with its kv head's keys.
@@ -45,7 +45,6 @@ attention without padding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -55,117 +54,27 @@ from .._checks import check_int, check_qkv, check_scale
 from ..integrations.transformers import check_attention_call, check_backend_name, plain_causal_mask
 from ..rule import base_block_mask
 from ..schedule import num_blocks
-from ..selection.selectors import choose_blocks, key_block_bounds
-from ..topology import block_centroids, block_salience
+from ..selection.registry import get, names
+from ..selection.selector import Scorer
+from ..selection.topk import choose_blocks
 
 __all__ = ["DEFAULT_CHUNK", "TOKEN_SELECTORS", "TokenLayerStats", "TokenSettings", "block_candidates",
-           "choose_blocks", "last_stats", "prefix_saliences", "register_token_selection", "token_block_choice",
-           "token_block_mass", "token_mask", "token_scorer", "token_selection_attention"]
+           "last_stats", "register_token_selection", "token_block_choice", "token_mask", "token_scorer",
+           "token_selection_attention"]
 
-TOKEN_SELECTORS = ("random", "topology", "centroid", "quest", "oracle")
-"""The selectors with a token-granularity choice (see the module docstring)."""
+TOKEN_SELECTORS = names("token")
+"""The selectors with a token-granularity choice, those with token scores (see the module docstring)."""
 
 DEFAULT_CHUNK = 512
 """Query rows per step (scores, mask and SDPA call)."""
 
-Scorer = Callable[[slice], torch.Tensor]
-"""Scores of one call for query rows ``rows``: float64 ``[B, Hq, len(rows), n]``."""
-
 
 # ------------------------------------------------------------------------------------------------ scores
-def _query_heads(stats: torch.Tensor, heads: int) -> torch.Tensor:
-    """Per kv head statistics ``[B, Hkv, ...]`` repeated for the query heads of each group: ``[B, heads, ...]``."""
-    return stats.repeat_interleave(heads // stats.shape[1], dim=1)
-
-
-def _centroid_scorer(q, k, block_size, **_) -> Scorer:
-    """``q_t . mean(keys of kb)``."""
-    centroids = _query_heads(block_centroids(k.detach(), block_size), q.shape[1])  # float64 [B, Hq, n, D]
-    return lambda rows: q[..., rows, :].to(torch.float64) @ centroids.transpose(-1, -2)
-
-
-def _quest_scorer(q, k, block_size, **_) -> Scorer:
-    """``relu(q_t) . max(keys of kb) + min(q_t, 0) . min(keys of kb)`` (Quest's bound)."""
-    lo, hi = (_query_heads(t, q.shape[1]).transpose(-1, -2) for t in key_block_bounds(k, block_size))
-
-    def scores(rows: slice) -> torch.Tensor:
-        qr = q[..., rows, :].to(torch.float64)
-        return qr.clamp(min=0) @ hi + qr.clamp(max=0) @ lo
-    return scores
-
-
-def token_block_mass(q_rows: torch.Tensor, k: torch.Tensor, first: int, block_size: int,
-                     scale: float) -> torch.Tensor:
-    """The causal softmax mass of each query row on each key block.
-
-    Arguments:
-        q_rows: floating ``[B, Hq, c, D]``, the queries at positions ``first .. first + c - 1``.
-        k: ``[B, Hkv, L, D]``, all keys; first, block_size: ints; scale: the softmax scale.
-
-    Returns:
-        float64 ``[B, Hq, c, n]`` (each row sums to 1), from float64 logits ``[B, Hq, c, L]``.
-    """
-    batch, heads, count, dim = q_rows.shape
-    seq, kv_heads = k.shape[-2], k.shape[1]
-    grouped = q_rows.detach().to(torch.float64).reshape(batch, kv_heads, -1, dim)  # the query heads of a group
-    logits = (grouped @ k.detach().to(torch.float64).transpose(-1, -2) * scale).reshape(batch, heads, count, seq)
-    positions = torch.arange(first, first + count, device=k.device)
-    logits.masked_fill_(torch.arange(seq, device=k.device) > positions[:, None], float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    n = num_blocks(seq, block_size)
-    return torch.nn.functional.pad(probs, (0, n * block_size - seq)).unflatten(-1, (n, block_size)).sum(-1)
-
-
-def _oracle_scorer(q, k, block_size, scale, **_) -> Scorer:
-    """The token's causal softmax mass on kb (:func:`token_block_mass`)."""
-    keys = k.detach().to(torch.float64)
-    return lambda rows: token_block_mass(q[..., rows, :], keys, rows.start, block_size, scale)
-
-
-def _random_scorer(q, k, block_size, seed, **_) -> Scorer:
-    """``torch.rand([B, Hq, L, n])`` in float64 from a generator on q's device seeded with ``seed``."""
-    generator = torch.Generator(device=q.device).manual_seed(seed)
-    shape = (*q.shape[:-1], num_blocks(q.shape[-2], block_size))
-    scores = torch.rand(shape, generator=generator, dtype=torch.float64, device=q.device)
-    return lambda rows: scores[..., rows, :]
-
-
-def prefix_saliences(k: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Per kv head and block ``b``, the elder-rule salience of each key block among the key blocks
-    ``0 .. b - 1`` (:func:`~topo_attn.block_salience` of each prefix of the key-block centroids, so the same
-    values as the prefix trees of :func:`topo_attn.lm.research.prefix_trees`; the Triton kernels on a GPU,
-    numpy on the CPU, ``n`` calls).
-
-    Arguments:
-        k: floating ``[B, Hkv, L, D]``; block_size: int ``>= 1``.
-
-    Returns:
-        float64 ``[B, Hkv, n, n]`` on k's device, ``[..., b, kb]`` for ``kb < b``, 0 elsewhere (row 0: all 0).
-    """
-    centroids = block_centroids(k.detach(), block_size)  # float64 [B, Hkv, n, D]
-    n = centroids.shape[-2]
-    out = torch.zeros(*centroids.shape[:-1], n, dtype=torch.float64, device=k.device)
-    for b in range(1, n):
-        out[..., b, :b] = block_salience(centroids[..., :b, :])
-    return out
-
-
-def _topology_scorer(q, k, block_size, **_) -> Scorer:
-    """The salience of kb among the blocks before the token's own (:func:`prefix_saliences`)."""
-    salience = _query_heads(prefix_saliences(k, block_size), q.shape[1])
-    block_of = torch.arange(q.shape[-2], device=q.device) // block_size
-    return lambda rows: salience[..., block_of[rows], :]
-
-
-_SCORERS = {"random": _random_scorer, "topology": _topology_scorer, "centroid": _centroid_scorer,
-            "quest": _quest_scorer, "oracle": _oracle_scorer}
-
-
 def token_scorer(selector: str, q: torch.Tensor, k: torch.Tensor, block_size: int, scale: float | None = None,
                  seed: int = 0) -> Scorer:
-    """The score function of ``selector`` (:data:`TOKEN_SELECTORS`) for one call: ``rows -> float64
-    [B, Hq, len(rows), n]``, ``[..., i, kb]`` the score of key block ``kb`` for the query at ``rows.start + i``
-    (higher is better). The key statistics are computed here, once.
+    """The per-token score function of ``selector`` (:data:`TOKEN_SELECTORS`; its module's ``token_scores``) for
+    one call: ``rows -> float64 [B, Hq, len(rows), n]``, ``[..., i, kb]`` the score of key block ``kb`` for the
+    query at ``rows.start + i`` (higher is better). The key statistics are computed here, once.
 
     Arguments:
         q: floating ``[B, Hq, L, D]``; k: ``[B, Hkv, L, D]``, ``Hq % Hkv == 0``; block_size: int ``>= 1``.
@@ -174,10 +83,8 @@ def token_scorer(selector: str, q: torch.Tensor, k: torch.Tensor, block_size: in
     Raises:
         ValueError: an unknown selector.
     """
-    if selector not in _SCORERS:
-        raise ValueError(f"selector must be one of {list(TOKEN_SELECTORS)}, got {selector!r}")
-    scale = check_scale(scale, q.shape[-1])
-    return _SCORERS[selector](q, k, block_size, scale=scale, seed=seed)
+    scores = get(selector, "token").token_scores
+    return scores(q, k, block_size, check_scale(scale, q.shape[-1]), seed)
 
 
 # --------------------------------------------------------------------------------------------- selection

@@ -1,24 +1,29 @@
-"""Selection quality: how much of full causal attention a block schedule keeps, and the selectors to compare.
+"""Selection: which key blocks each query block visits, and how much of full causal attention that keeps.
 
-``metrics`` (recall and output errors against full attention, the true block mass), ``selectors`` (score
-functions and equal-budget schedules on the rule's base mask), ``compare`` (every selector at every budget, and
-a verdict), ``data`` (synthetic and captured real inputs), ``incremental`` (selection for queries at the end of a
-growing key cache, from per-block statistics kept as the cache grows). ``python -m topo_attn.selection`` prints
-the summary.
+One module per selector (``window``, ``random``, ``topology_22``, ``topology``, ``centroid``, ``quest``,
+``cluster``, ``cluster_centroid``, ``oracle``), each describing itself with a
+:class:`~topo_attn.selection.selector.Selector` (its score functions over a whole sequence, at the end of a
+cache, per token), collected by ``registry``. ``selectors`` selects over a whole sequence (:func:`select`),
+``incremental`` for queries at the end of a growing key cache (:func:`select_for_queries`, from per-block
+statistics kept as the cache grows); both rank with ``topk`` and build the CSR by arithmetic
+(:func:`topo_attn.rule.budget_schedule`), without a host sync. ``stats`` holds the block statistics, ``metrics``
+recall and output errors against full attention, ``compare`` every selector at every budget and a verdict,
+``data`` synthetic and captured real inputs. ``python -m topo_attn.selection`` prints the summary.
 """
 
+from .cluster import mst_clusters
 from .compare import compare_selectors, verdict
 from .data import REAL_QKV, load_real_qkv, synthetic_qkv
 from .incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 from .metrics import (DEFAULT_CHUNK, QualityMetrics, Reference, block_attention_mass, full_attention,
                       schedule_quality)
-from .selectors import (DESCRIPTIONS, QUERY_AWARE, SELECTORS, TOPOLOGY_AWARE, candidate_counts, centroid_scores,
-                        cluster_centroid_scores, cluster_scores, mst_clusters, oracle_scores, previous_row_scores,
-                        quest_scores, random_scores, schedule_from_scores, select, topology_scores, window_scores)
+from .registry import SELECTORS, names
+from .selector import Selector
+from .selectors import (DESCRIPTIONS, QUERY_AWARE, TOPOLOGY_AWARE, block_scores, candidate_counts,
+                        previous_row_scores, schedule_from_scores, select)
 
 __all__ = ["DEFAULT_CHUNK", "DESCRIPTIONS", "INCREMENTAL_SELECTORS", "QUERY_AWARE", "REAL_QKV", "SELECTORS",
-           "TOPOLOGY_AWARE", "KeyBlockStats", "QualityMetrics", "Reference", "block_attention_mass",
-           "candidate_counts", "centroid_scores", "cluster_centroid_scores", "cluster_scores", "compare_selectors",
-           "full_attention", "load_real_qkv", "mst_clusters", "oracle_scores", "previous_row_scores",
-           "quest_scores", "random_scores", "schedule_from_scores", "schedule_quality", "select",
-           "select_for_queries", "synthetic_qkv", "topology_scores", "verdict", "window_scores"]
+           "TOPOLOGY_AWARE", "KeyBlockStats", "QualityMetrics", "Reference", "Selector", "block_attention_mass",
+           "block_scores", "candidate_counts", "compare_selectors", "full_attention", "load_real_qkv",
+           "mst_clusters", "names", "previous_row_scores", "schedule_from_scores", "schedule_quality", "select",
+           "select_for_queries", "synthetic_qkv", "verdict"]

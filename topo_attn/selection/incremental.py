@@ -12,7 +12,7 @@ from that block's keys only; the salience is recomputed once per completed block
 once per group. Row ``r`` is absolute query block ``first + r`` (``first = (S - L) // block_size``); it holds
 the rule's base mask (the sinks and the window, :func:`~topo_attn.rule.base_block_mask`) and the ``budget``
 best-scored candidates, the causal blocks before the row's block outside the base (all complete blocks),
-chosen by :func:`~topo_attn.selection.selectors.choose_blocks`, scored from the queries of that row:
+chosen by :func:`~topo_attn.selection.topk.top_candidates`, scored from the queries of that row:
 
 - ``centroid``: the mean of the row's queries over the group's heads, dotted with each block centroid;
 - ``quest``: the largest page bound ``relu(q) . max + min(q, 0) . min`` over the row's queries and the group's
@@ -34,14 +34,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .._checks import check_int, check_qkv
-from ..rule import base_block_mask
+from ..rule import budget_schedule
 from ..schedule import BlockSchedule, num_blocks
 from ..topology import block_centroids, block_salience
-from .selectors import choose_blocks, key_block_bounds, rank_candidates
+from .registry import get, names
+from .stats import key_block_bounds
+from .topk import top_candidates
 
-INCREMENTAL_SELECTORS = ("window", "random", "topology", "topology_22", "centroid", "quest")
-"""The selectors :func:`select_for_queries` supports (``oracle`` and the cluster selectors need every key or a
-spanning-tree cut per step and are not offered here)."""
+INCREMENTAL_SELECTORS = names("step")
+"""The selectors :func:`select_for_queries` supports, those with step scores (``oracle`` and the cluster
+selectors need every key or a spanning-tree cut per step and have none)."""
 
 
 @dataclass
@@ -113,36 +115,9 @@ def query_rows(seq_len: int, q_len: int, block_size: int, device) -> tuple[int, 
     return first, positions // block_size - first
 
 
-def _group_scores(selector: str, q: torch.Tensor, stats: KeyBlockStats, seq_len: int, first: int,
-                  rows: torch.Tensor, num_rows: int, seed: int) -> torch.Tensor:
-    """Float64 scores ``[B, H_kv, R, w]`` of blocks ``0 .. w - 1`` for each row (module docstring); ``w`` is
-    ``first`` for the topology selectors, else the complete blocks."""
-    batch, heads, q_len, dim = q.shape
-    kv_heads = stats.centroids.shape[1]
-    group = heads // kv_heads
-    in_row = rows[None, :] == torch.arange(num_rows, device=q.device)[:, None]  # [R, L]
-    if selector in ("topology", "topology_22"):
-        sal = stats.salience(first)
-        return sal[:, :, None, :].expand(batch, kv_heads, num_rows, first)
-    if selector in ("window", "random"):
-        gen = torch.Generator().manual_seed(seed + seq_len)
-        scores = torch.rand(batch, kv_heads, num_rows, stats.complete, generator=gen, dtype=torch.float64)
-        return scores.to(q.device)
-    qg = q.detach().to(torch.float64).reshape(batch, kv_heads, group, q_len, dim)
-    if selector == "centroid":
-        weights = in_row.to(torch.float64) / in_row.sum(-1, keepdim=True).clamp(min=1)  # the row's mean
-        mean = torch.einsum("rl,bkgld->bkrd", weights, qg) / group
-        return mean @ stats.centroids.transpose(-1, -2)
-    bound = (qg.clamp(min=0) @ stats.hi[:, :, None].transpose(-1, -2)
-             + qg.clamp(max=0) @ stats.lo[:, :, None].transpose(-1, -2))  # [B, H_kv, G, L, n]
-    bound = bound.amax(2)  # the group's largest
-    masked = bound[:, :, None].masked_fill(~in_row[None, None, :, :, None], float("-inf"))  # [B, H_kv, R, L, n]
-    return masked.amax(3)
-
-
 def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: int = 1,
                        window: int = 1, budget: int = 4, stats: KeyBlockStats | None = None,
-                       seed: int = 0, fixed_width: bool = True) -> BlockSchedule:
+                       seed: int = 0) -> BlockSchedule:
     """The schedule of ``selector`` for the queries ``q`` at the end of the keys ``k`` (module docstring).
 
     Arguments:
@@ -153,9 +128,6 @@ def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_si
         stats: the cache's :class:`KeyBlockStats` (updated here from ``k``, reading only new blocks); None
             computes them from every complete block of ``k``.
         seed: the random selector's seed.
-        fixed_width: when every row holds its sinks, window and ``budget`` chosen blocks apart (the first row's
-            block is at least ``sinks + window + budget``), build the CSR by arithmetic, without ``nonzero`` and
-            its wait for the GPU (the same schedule; False takes the general path, for tests).
 
     Returns:
         A row :class:`~topo_attn.BlockSchedule` with ``seq_len = S``, ``q_len = L`` and lanes ``(B, H_kv)``,
@@ -165,9 +137,7 @@ def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_si
         ValueError: an unknown selector, shapes that do not fit, a negative size, stats for another block size.
         TypeError: a non-int size.
     """
-    if selector not in INCREMENTAL_SELECTORS:
-        raise ValueError(f"selector must be one of {list(INCREMENTAL_SELECTORS)} for queries at the end of a "
-                         f"key cache, got {selector!r}")
+    chooser = get(selector, "step")
     shape = check_qkv(q, k, k, shorter_q=True)
     if shape.rank != 4:
         raise ValueError(f"q and k must be [B, H, L, D] and [B, H_kv, S, D], got q shape {tuple(q.shape)}")
@@ -181,42 +151,14 @@ def select_for_queries(selector: str, q: torch.Tensor, k: torch.Tensor, block_si
     nb = num_blocks(seq_len, block_size)
     first, rows = query_rows(seq_len, q_len, block_size, q.device)
     num_rows = nb - first
-    base = base_block_mask(nb, sinks, window, q.device, first)
-    causal = torch.ones(num_rows, nb, dtype=torch.bool, device=q.device).tril(first)
-    candidates = causal & ~base  # blocks before each row's block: all complete
     lanes = (shape.batch, shape.kv_heads)
-    mask = base.expand(*lanes, num_rows, nb)
-    if selector != "window" and budget and nb - 1 >= sinks + window + 1:  # some row has a candidate
+    chosen = torch.empty(*lanes, num_rows, 0, dtype=torch.int64, device=q.device)
+    if chooser.adds_blocks and budget and nb - 1 >= sinks + window + 1:  # some row has a candidate
         stats.update(k)
         scores = torch.full((*lanes, num_rows, nb), float("-inf"), dtype=torch.float64, device=q.device)
-        if first > 0 or selector not in ("topology", "topology_22"):
-            found = _group_scores(selector, q, stats, seq_len, first, rows, num_rows, seed)
+        if first > 0 or not chooser.topology_aware:  # the prefix salience needs a block before the step
+            found = chooser.step_scores(q, stats, first, rows, num_rows, seq_len, seed)
             scores[..., :found.shape[-1]] = found
-        if fixed_width and first - window - sinks >= budget:  # every row: sinks, window, budget apart, one width
-            return _fixed_width_schedule(rank_candidates(scores, candidates)[..., :budget], first, sinks, window,
-                                         block_size, seq_len, q_len, lanes)
-        mask = mask | choose_blocks(scores, candidates, budget)
-    counts = mask.sum(-1, dtype=torch.int32).reshape(-1)
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int32, device=q.device)
-    torch.cumsum(counts, dim=0, out=offsets[1:])
-    indices = torch.nonzero(mask.reshape(-1, nb))[:, 1].to(torch.int32)
-    # valid by construction: the base holds each row's own block, candidates are causal, nonzero sorts rows
-    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes, False, q_len)
-
-
-def _fixed_width_schedule(chosen: torch.Tensor, first: int, sinks: int, window: int, block_size: int, seq_len: int,
-                          q_len: int, lanes: tuple[int, int]) -> BlockSchedule:
-    """The schedule when every row holds ``sinks`` sinks, ``window + 1`` window blocks and the ``budget`` chosen
-    candidates ``chosen`` (``[B, H_kv, R, budget]``, none of them a sink or in the window: the first row's
-    block is at least ``sinks + window + budget``): rows of one width, so the CSR comes from arithmetic, without
-    ``nonzero`` and its wait for the GPU (the same schedule as the general path)."""
-    num_rows, budget = chosen.shape[-2], chosen.shape[-1]
-    device = chosen.device
-    width = sinks + window + 1 + budget
-    row_block = first + torch.arange(num_rows, device=device)[:, None]
-    base = torch.cat([torch.arange(sinks, device=device).expand(num_rows, sinks),
-                      row_block - window + torch.arange(window + 1, device=device)[None, :]], dim=1)
-    rows = torch.cat([base.expand(*lanes, num_rows, sinks + window + 1), chosen], dim=-1)
-    indices = torch.sort(rows, dim=-1).values.reshape(-1).to(torch.int32)
-    offsets = torch.arange(lanes[0] * lanes[1] * num_rows + 1, device=device, dtype=torch.int32) * width
-    return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes, False, q_len)
+        chosen = top_candidates(scores, first, sinks, window, budget)
+    # rows of known width: the CSR by arithmetic, no nonzero and no wait for the device
+    return budget_schedule(chosen, block_size, seq_len, sinks, window, q_len, lanes)

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..schedule import num_blocks
 from ..topology import block_centroids
 
 
@@ -55,7 +54,8 @@ def key_block_stats(k: torch.Tensor, block_size: int, dtype: torch.dtype = torch
 
 def query_block_means(q: torch.Tensor, block_size: int, groups: int, dtype: torch.dtype = torch.float32,
                       q_offset: int = 0) -> torch.Tensor:
-    """The mean query of each query block, averaged over the query heads of each of ``groups`` head groups.
+    """The mean query of each query block (:func:`~topo_attn.block_centroids` of the queries), averaged over the
+    query heads of each of ``groups`` head groups.
 
     Arguments:
         q: ``[B, H, L, D]``, the queries at absolute positions ``q_offset .. q_offset + L - 1``.
@@ -68,13 +68,10 @@ def query_block_means(q: torch.Tensor, block_size: int, groups: int, dtype: torc
         touch (a partial first or last block: the mean of its real queries).
     """
     batch, heads, length, dim = q.shape
-    lead = q_offset % block_size  # queries of the first block that sit before the first query
-    rows = num_blocks(lead + length, block_size)
-    padded = q.detach()
-    if lead or rows * block_size != length:  # a partial block: zero rows, left out of the count below
-        padded = torch.nn.functional.pad(padded, (0, 0, lead, rows * block_size - lead - length))
-    sums = padded.unflatten(-2, (rows, block_size)).sum(-2, dtype=dtype)  # [B, H, R, D]
-    positions = torch.arange(rows * block_size, device=q.device)
-    real = ((positions >= lead) & (positions < lead + length)).view(rows, block_size).sum(-1)
-    sums = sums.view(batch, groups, heads // groups, rows, dim).sum(2)
-    return sums / (real.to(dtype)[:, None] * (heads // groups))
+    lead = q_offset % block_size  # positions of the first block before the first query
+    padded = q.detach() if not lead else torch.nn.functional.pad(q.detach(), (0, 0, lead, 0))
+    means = block_centroids(padded, block_size, dtype)  # [B, H, R, D]; the first row also counts the padding
+    if lead:
+        counted = min(block_size, lead + length)
+        means[..., 0, :] *= counted / (counted - lead)
+    return means.view(batch, groups, heads // groups, means.shape[-2], dim).mean(2)

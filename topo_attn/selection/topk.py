@@ -35,8 +35,27 @@ def order_key(scores: torch.Tensor) -> torch.Tensor:
     return ordered * 2**_LOW_BITS + reversed_index
 
 
+def ranked_candidates(scores: torch.Tensor, candidates: torch.Tensor, take: int) -> torch.Tensor:
+    """The ``take`` best-scored candidates of each row, best first for float64 scores, in some order otherwise
+    (ties to the lower block index; a ``-inf`` score still ranks before every non-candidate); when a row has
+    fewer candidates, blocks that are not candidates fill its remaining slots.
+
+    Arguments:
+        scores: real ``[..., R, n]``; candidates: bool ``[R, n]`` (or broadcastable); take: ``0 <= take <= n``.
+
+    Returns:
+        int64 ``[..., R, take]`` on the scores' device.
+    """
+    if scores.dtype == torch.float64:
+        lowest = torch.finfo(torch.float64).min
+        masked = scores.clamp(min=lowest).masked_fill(~candidates, float("-inf"))
+        return torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
+    keys = order_key(scores).masked_fill(~candidates, torch.iinfo(torch.int64).min)
+    return torch.topk(keys, take, dim=-1, sorted=False).indices
+
+
 def top_candidates(scores: torch.Tensor, first: int, sinks: int, window: int, budget: int) -> torch.Tensor:
-    """The ``budget`` best-scored candidates of each row (all of them when fewer; ties to the lower block index).
+    """The ``budget`` best-scored candidates of each row of the budget rule (:func:`ranked_candidates`).
 
     Arguments:
         scores: real ``[..., R, n]``; row ``r`` scores the key blocks for absolute query block ``first + r``.
@@ -52,10 +71,22 @@ def top_candidates(scores: torch.Tensor, first: int, sinks: int, window: int, bu
     take = min(budget, nb)
     if take == 0:
         return torch.empty(*scores.shape[:-1], 0, dtype=torch.int64, device=scores.device)
-    candidates = candidate_mask(first, rows, nb, sinks, window, scores.device)
-    if scores.dtype == torch.float64:
-        lowest = torch.finfo(torch.float64).min
-        masked = scores.clamp(min=lowest).masked_fill(~candidates, float("-inf"))
-        return torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :take]
-    keys = order_key(scores).masked_fill(~candidates, torch.iinfo(torch.int64).min)
-    return torch.topk(keys, take, dim=-1, sorted=False).indices
+    return ranked_candidates(scores, candidate_mask(first, rows, nb, sinks, window, scores.device), take)
+
+
+def choose_blocks(scores: torch.Tensor, candidates: torch.Tensor, budget: int) -> torch.Tensor:
+    """The ``budget`` highest-scored candidates of each row as a mask (all of them when fewer; ties to the lower
+    block index; a ``-inf`` score still beats a non-candidate; :func:`ranked_candidates`).
+
+    Arguments:
+        scores: real ``[..., c, n]``; candidates: bool ``[c, n]`` (or broadcastable); budget: int ``>= 0``.
+
+    Returns:
+        bool ``[..., c, n]``.
+    """
+    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    take = min(budget, scores.shape[-1])
+    if take:
+        order = ranked_candidates(scores, candidates, take)
+        chosen.scatter_(-1, order, torch.gather(candidates.expand(scores.shape), -1, order))
+    return chosen

@@ -37,7 +37,7 @@ def block_centroids(keys: torch.Tensor, block_size: int, dtype: torch.dtype = to
     return block_means(keys, block_size, dtype)
 
 
-def block_salience(centroids: torch.Tensor) -> torch.Tensor:
+def block_salience(centroids: torch.Tensor, check: bool = True) -> torch.Tensor:
     """#22's elder-rule salience of each block. centroids: ``[..., n, D]`` (floating, finite) -> ``[..., n]``,
     on the centroids' device.
 
@@ -53,9 +53,12 @@ def block_salience(centroids: torch.Tensor) -> torch.Tensor:
     1e-16). With float32 centroids, distances within about ``1e-7 * sqrt(D)`` of each other can swap places,
     which may change the tree, the saliences and so the schedule where keys nearly tie.
 
+    ``check=False`` skips the checks (and the host sync of the finiteness check), for centroids the kit made
+    itself from finite keys.
+
     Raises ``TypeError`` for non-floating centroids and ``ValueError`` for a wrong shape, no blocks or
     NaN/Inf entries."""
-    return _salience(check_centroids(centroids, batched=True))
+    return _salience(check_centroids(centroids, batched=True) if check else centroids)
 
 
 def _salience(centroids: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers", minversion="5")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from topo_attn.integrations import transformers as tat  # noqa: E402
+from topo_attn.integrations.cache import CACHE_ARGUMENT, cache_argument  # noqa: E402
 
 BLOCK = 16
 VOCAB = 96
@@ -180,7 +181,7 @@ def test_chunked_prefill_is_bottom_right_causal(device):
     model.set_attn_implementation(name)
     with torch.no_grad():
         first = model(ids[:, :50], use_cache=True)
-        second = model(ids[:, 50:], past_key_values=first.past_key_values, use_cache=True)
+        second = model(ids[:, 50:], **cache_argument(getattr(first, CACHE_ARGUMENT)), use_cache=True)
     assert_close(first.logits, want[:, :50], torch.float32, "first chunk")
     assert_close(second.logits, want[:, 50:], torch.float32, "second chunk")
     stats = tat.last_stats(name)[1]
@@ -228,7 +229,7 @@ def register_step_reference(settings: tat.Settings, schedules: list):
 def test_generate_sparse_steps_equal_the_reference(selector, budget, device):
     """Greedy generation with a TopoCache: every step's logits equal the float64 reference run with that
     step's schedule (one row-set per key/value head), and no step falls back to dense attention."""
-    from topo_attn.integrations.cache import TopoCache
+    from topo_attn.integrations.cache import TopoCache, cache_argument
 
     name = tat.register(selector=selector, block_size=BLOCK, budget=budget, name="topo_generate")
     model = tiny_llama(torch.float32, device)
@@ -238,7 +239,7 @@ def test_generate_sparse_steps_equal_the_reference(selector, budget, device):
     model.set_attn_implementation(name)
     with warnings.catch_warnings():
         warnings.simplefilter("error", tat.DenseDecodeWarning)
-        got = model.generate(ids, past_key_values=TopoCache(), **kwargs)
+        got = model.generate(ids, **cache_argument(TopoCache()), **kwargs)
     stats = tat.last_stats(name)[0]
     assert (stats.path, stats.kv_len) == ("decode kernel", 85) and stats.visited_fraction < 1.0
     assert stats.blocks_read == (1 if 85 % BLOCK == 0 else 0)  # the cache kept the earlier blocks' statistics
@@ -284,7 +285,7 @@ def test_generate_without_incremental_form_warns_once(device):
 
 
 def test_topo_cache_forgets_on_crop_and_reorder(device):
-    from topo_attn.integrations.cache import TopoCache
+    from topo_attn.integrations.cache import TopoCache, cache_argument
 
     cache = TopoCache()
     keys = torch.randn(2, 2, 40, 16)

@@ -283,15 +283,16 @@ def test_bad_inputs():
         tok.token_selection_attention(q, k, v, settings, scale=0.0)
 
 
-@pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")
 def test_decode_steps_and_padding_are_rejected(llama):
+    from topo_attn.integrations.cache import CACHE_ARGUMENT, cache_argument
+
     name = tok.register_token_selection("quest", BLOCK, 1, 1, 2, name="token_test_decode")
     llama.set_attn_implementation(name)
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        cache = llama(ids[:, :39], use_cache=True).past_key_values
+        cache = getattr(llama(ids[:, :39], use_cache=True), CACHE_ARGUMENT)
         with pytest.raises(ValueError, match="q_len == kv_len"):
-            llama(ids[:, 39:], past_key_values=cache, use_cache=True)
+            llama(ids[:, 39:], **cache_argument(cache), use_cache=True)
         with pytest.raises(ValueError, match="padding"):
             llama(ids, attention_mask=torch.cat([torch.zeros(1, 3), torch.ones(1, 37)], 1).long())
 

@@ -5,7 +5,8 @@
     from topo_attn.integrations import transformers as tat
     from topo_attn.integrations.cache import TopoCache
     model.set_attn_implementation(tat.register(selector="quest", block_size=64, budget=8))
-    out = model.generate(input_ids, max_new_tokens=32, past_key_values=TopoCache())
+    out = model.generate(input_ids, max_new_tokens=32, cache=TopoCache())  # transformers >= 5.24
+    out = model.generate(input_ids, max_new_tokens=32, **cache_argument(TopoCache()))  # any transformers 5
 
 A :class:`TopoCache` is a ``transformers.DynamicCache`` (keys and values grow by concatenation, as there)
 that holds, per layer and block size, a :class:`~topo_attn.selection.incremental.KeyBlockStats`: the centroid
@@ -26,13 +27,24 @@ from __future__ import annotations
 
 from functools import partial
 
+import transformers
+from packaging import version
 from transformers import DynamicCache
 
 from .._checks import check_int
 from ..selection.incremental import KeyBlockStats
 from .transformers import BLOCK_STATS_ATTRIBUTE
 
-__all__ = ["TopoCache"]
+__all__ = ["CACHE_ARGUMENT", "TopoCache", "cache_argument"]
+
+CACHE_ARGUMENT = "cache" if version.parse(transformers.__version__).release >= (5, 24) else "past_key_values"
+"""The name under which ``generate()`` and a model's ``forward`` take a cache: ``cache`` from transformers 5.24
+on (``past_key_values`` warns there, deprecated), ``past_key_values`` before."""
+
+
+def cache_argument(cache) -> dict:
+    """``{CACHE_ARGUMENT: cache}``, to pass a cache to ``generate()`` or ``forward`` on any transformers 5."""
+    return {CACHE_ARGUMENT: cache}
 
 
 class TopoCache(DynamicCache):

@@ -27,7 +27,7 @@ What the attention function does, per layer and call (query ``[B, Hq, q_len, D]`
   :func:`topo_attn.selection.incremental.select_for_queries` (one row-set per key/value head, scored from the
   step's queries against per-block statistics of the cache), and :func:`topo_attn.scheduled_attention` runs it
   (its split-K decode kernel for ``q_len <= 16``). The block statistics are read from a
-  :class:`topo_attn.integrations.cache.TopoCache` (``model.generate(..., past_key_values=TopoCache())``), which
+  :class:`topo_attn.integrations.cache.TopoCache` (``model.generate(..., cache=TopoCache())``), which
   computes them once per completed block; with another cache they are computed from every cached key at each
   step (the same schedule, slower). A step's choice reads only its own queries (the ``strict`` option concerns
   whole-sequence forwards). The selectors without an incremental form (``oracle``, ``cluster``,

@@ -41,15 +41,17 @@ SELECTORS = tuple(s for s in INCREMENTAL_SELECTORS if s != "topology_22")
 
 def generate_value(model, probe: Passkey, cache_factory=None) -> tuple[bytes, float]:
     """The bytes ``model`` generates greedily for ``probe``'s repeated value from the prompt before it, and the
-    seconds it took. ``cache_factory``: a callable giving the ``past_key_values`` to pass (None: generate's
-    own DynamicCache)."""
+    seconds it took. ``cache_factory``: a callable giving the cache to pass (None: generate's own
+    DynamicCache)."""
     device = next(model.parameters()).device
     start = int(probe.targets[0])
     prompt = torch.from_numpy(probe.ids[None, :start].astype(np.int64)).to(device)
     kwargs = dict(max_new_tokens=len(probe.targets), min_new_tokens=len(probe.targets), do_sample=False,
                   pad_token_id=0, eos_token_id=None)
     if cache_factory is not None:
-        kwargs["past_key_values"] = cache_factory()
+        from ..integrations.cache import cache_argument
+
+        kwargs.update(cache_argument(cache_factory()))
     if device.type == "cuda":
         torch.cuda.synchronize()
     began = time.perf_counter()

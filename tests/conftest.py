@@ -1,7 +1,8 @@
 """Test set-up: without a GPU, run the real Triton kernel in Triton's interpreter.
 
 ``TRITON_INTERPRET=1`` must be in the environment before triton is first imported, so it is set here, before
-any test module imports topo_attn.
+any test module imports topo_attn. ``TOPO_ATTN_CHECK_SCHEDULES=1`` makes every schedule the kit builds for itself
+go through the same validation as a user's.
 """
 
 import os
@@ -22,6 +23,9 @@ def _has_cuda_gpu() -> bool:
 
 if "TRITON_INTERPRET" not in os.environ and not _has_cuda_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
+# every schedule the kit builds for itself is validated too (topo_attn.schedule.CHECK_ENV), in this process and
+# in the processes the tests start
+os.environ.setdefault("TOPO_ATTN_CHECK_SCHEDULES", "1")
 
 from helpers import DEVICE  # noqa: E402  (after the environment is set)
 

@@ -22,6 +22,7 @@ PACKAGE = "topo_attn"
 ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backward", "topo_attn.attention.decode",
                      "topo_attn.attention.hopper", "topo_attn.attention.launch")
 GPU_KERNELS = "topo_attn.topology.gpu"
+SELECTION_KERNELS = ("topo_attn.selection.quest_kernel",)
 HEAVY = ("matplotlib", "ipywidgets", "pandas", "triton")
 
 
@@ -247,10 +248,12 @@ def private_uses_from_outside(outside: dict[str, Module], modules: dict[str, Mod
 
 
 def kernel_group(module: str) -> str | None:
-    """The kernel modules: the attention kernels (``forward``, ``backward``) and the GPU schedule build
-    (``topology.gpu`` and below); ``None`` for the host layer."""
+    """The kernel modules: the attention kernels (``forward``, ``backward``, ...), the selection kernels
+    (Quest's scores) and the GPU schedule build (``topology.gpu`` and below); ``None`` for the host layer."""
     if module in ATTENTION_KERNELS:
         return "attention kernels"
+    if module in SELECTION_KERNELS:
+        return "selection kernels"
     if module == GPU_KERNELS or module.startswith(GPU_KERNELS + "."):
         return GPU_KERNELS
     return None
@@ -312,7 +315,7 @@ def test_tests_and_notebooks_use_no_private_name_of_the_package(modules):
 
 
 def test_kernels_import_nothing_of_the_host_layer(modules):
-    assert {kernel_group(m) for m in modules} >= {"attention kernels", GPU_KERNELS}
+    assert {kernel_group(m) for m in modules} >= {"attention kernels", "selection kernels", GPU_KERNELS}
     found = kernel_imports_of_the_host(modules)
     assert not found, "kernel modules importing outside their kernel group:\n" + "\n".join(found)
 

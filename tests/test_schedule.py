@@ -330,3 +330,18 @@ def test_random_schedules_validate_and_round_trip(case: tuple[torch.Tensor, int,
     assert schedule.counts().scheduled_blocks == int(mask.sum())
     token = mask.repeat_interleave(block_size, -2).repeat_interleave(block_size, -1)[..., :seq_len, :seq_len]
     assert torch.equal(schedule.to_token_mask(), token & torch.ones(seq_len, seq_len, dtype=torch.bool).tril())
+
+
+def test_internal_schedules_are_validated_when_the_switch_is_on(monkeypatch) -> None:
+    """BlockSchedule.unchecked (the kit's own builders) skips validation unless TOPO_ATTN_CHECK_SCHEDULES=1,
+    which the tests set; a user's BlockSchedule(...) is always validated."""
+    from topo_attn.schedule import CHECK_ENV
+
+    offsets, indices = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)  # row 0 lists block 1
+    monkeypatch.setenv(CHECK_ENV, "1")
+    with pytest.raises(ValueError, match="not causal"):
+        BlockSchedule.unchecked(offsets, indices, 16, 32)
+    monkeypatch.setenv(CHECK_ENV, "0")
+    assert BlockSchedule.unchecked(offsets, indices, 16, 32).nnz == 2  # trusted, not checked
+    with pytest.raises(ValueError, match="not causal"):
+        BlockSchedule(offsets, indices, 16, 32)

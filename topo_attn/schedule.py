@@ -16,11 +16,17 @@ is the square causal schedule.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ._checks import AttentionShape, check_int, check_tensor
+
+
+CHECK_ENV = "TOPO_ATTN_CHECK_SCHEDULES"
+"""Set to ``1``, every schedule the kit builds for itself (:meth:`BlockSchedule.unchecked`) is validated too: a
+debugging switch, on in the tests, off by default (validation waits for the device)."""
 
 
 def num_blocks(seq_len: int, block_size: int) -> int:
@@ -101,12 +107,16 @@ class BlockSchedule:
     def unchecked(cls, offsets, indices, block_size, seq_len, lanes=None, transposed=False,
                   q_len=None) -> "BlockSchedule":
         """Build without validation, for CSR tensors already known to be valid (derived from a valid schedule, or
-        built by a rule that guarantees sorted, unique, causal, non-empty rows). Skips the checks' host syncs."""
+        built by a rule that guarantees sorted, unique, causal, non-empty rows): the kit's own builders, which
+        are trusted, so their schedules cost no check and no host sync. With the environment variable
+        :data:`CHECK_ENV` set to ``1`` (the tests set it) every such schedule is validated all the same."""
         schedule = object.__new__(cls)
         for name, value in (("offsets", offsets), ("indices", indices), ("block_size", block_size),
                             ("seq_len", seq_len), ("lanes", lanes), ("transposed", transposed),
                             ("q_len", seq_len if q_len is None else q_len)):
             object.__setattr__(schedule, name, value)
+        if os.environ.get(CHECK_ENV) == "1":
+            schedule.validate()
         return schedule
 
     # ------------------------------------------------------------------ sizes

@@ -55,9 +55,11 @@ SUITES: dict[str, list[Case]] = {
     "train": [llm_case(S, b) for b in (64, 128) for S in (16384, 32768)] + [llm_case(16384, 128, H_kv=8)],
     # selection quality against build + attention time on the captured real q, k, v (topo_attn.bench.select)
     "select": [Case("MiniLM real q/k/v b16", 2, 12, 12, 512, 32, 16, "float16")],
-    # a 1B-shaped Llama's 16k prefill through transformers: SDPA, FlexAttention and the kit's backend
-    # (topo_attn.bench.model; heads, kv heads and head dim here, the rest of the shape in model.LLAMA_1B)
-    "model": [Case("Llama-1B-shape B1 S16k b64", 1, 32, 8, 16384, 64, 64, "bfloat16")],
+    # a 1B-shaped Llama's prefill through transformers: the no-attention floor, SDPA, FlexAttention and the kit's
+    # backend with every selector (topo_attn.bench.model; heads, kv heads and head dim here, the rest of the
+    # shape in model.LLAMA_1B)
+    "model": [Case(f"Llama-1B-shape B1 S{S // 1024}k b64", 1, 32, 8, S, 64, 64, "bfloat16")
+              for S in (8192, 32768, 65536, 131072)],
     # one query token against a 32k / 128k key/value cache: the split-K decode path against SDPA's and
     # FlexAttention's dense decoding, dense and 1/8 schedules (topo_attn.bench.decode)
     "decode": [decode_case(N, 64, B=B) for B in (1, 8) for N in (32768, 131072)],

@@ -50,6 +50,7 @@ transformers is imported inside this module only; ``import topo_attn`` does not 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,9 +64,9 @@ from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
-__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "Settings",
-           "check_attention_call", "check_backend_name", "last_stats", "plain_causal_mask", "register", "registered",
-           "schedule_for", "step_schedule", "visited_totals"]
+__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "LayerTiming", "Settings",
+           "check_attention_call", "check_backend_name", "last_stats", "plain_causal_mask", "record_timings",
+           "register", "registered", "schedule_for", "step_schedule", "timings", "visited_totals"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -123,16 +124,30 @@ class LayerStats:
     blocks_read: int = 0
 
 
+@dataclass(frozen=True)
+class LayerTiming:
+    """One whole-sequence call of a layer, timed (:func:`record_timings`): ``host_ms``, the host's time in the
+    attention function (from entry to return, nothing waited for); ``select_ms`` and ``kernel_ms``, the GPU's
+    time for the schedule (selection, or the dense schedule's lookup) and for the attention kernels, from CUDA
+    events around each."""
+
+    layer: int | None
+    host_ms: float
+    select_ms: float
+    kernel_ms: float
+
+
 @dataclass
 class _Backend:
     """A registration: its settings and what it records (the last stats per layer, whether the dense-decode
-    warning was given, a few dense schedules kept for reuse)."""
+    warning was given, a few dense schedules kept for reuse, the timings while they are recorded)."""
 
     settings: Settings
     stats: dict = field(default_factory=dict)
     totals: dict = field(default_factory=dict)
     warned: bool = False
     dense_schedules: dict = field(default_factory=dict)
+    timings: list | None = None
 
 
 _REGISTRY: dict[str, _Backend] = {}
@@ -236,6 +251,28 @@ def last_stats(name: str = "topo_attn") -> dict[int | None, LayerStats]:
     ``name`` (a copy; empty before the first forward). Raises ``KeyError`` for a name never registered."""
     registered(name)
     return dict(_REGISTRY[name].stats)
+
+
+def record_timings(name: str = "topo_attn", enabled: bool = True) -> None:
+    """Start (or stop) timing the whole-sequence calls under ``name``: each call then records CUDA events around
+    its schedule and its kernels and its host time (a GPU only; :func:`timings` reads them). Starting again
+    forgets what was recorded. Raises ``KeyError`` for a name never registered."""
+    registered(name)
+    _REGISTRY[name].timings = [] if enabled else None
+
+
+def timings(name: str = "topo_attn") -> list[LayerTiming]:
+    """The :class:`LayerTiming` of every whole-sequence call since :func:`record_timings` (waits for the GPU),
+    and starts over. Raises ``KeyError`` for a name never registered and ``ValueError`` when not recording."""
+    registered(name)
+    backend = _REGISTRY[name]
+    if backend.timings is None:
+        raise ValueError(f"timings of {name!r} are not recorded; call record_timings({name!r}) first")
+    torch.cuda.synchronize()
+    found = [LayerTiming(layer, host * 1e3, start.elapsed_time(chosen), chosen.elapsed_time(done))
+             for layer, host, start, chosen, done in backend.timings]
+    backend.timings = []
+    return found
 
 
 # ------------------------------------------------------------------------------------------ the schedule
@@ -362,12 +399,22 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     bs = settings.block_size
     blocks_read = 0
     if q_len == kv_len:
+        timed = backend.timings is not None and query.is_cuda
+        if timed:
+            host = time.perf_counter()
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            events[0].record()
         query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
         if settings.is_dense(layer_idx):
             schedule = _dense_schedule(backend, q_len, query.device)
         else:
             schedule = schedule_for(settings, layer_idx, query, key, scaling)
+        if timed:
+            events[1].record()
         out = scheduled_attention(query, key, value, schedule, scale=scaling)
+        if timed:
+            events[2].record()
+            backend.timings.append((layer_idx, time.perf_counter() - host, *events))
         counts, per_lane_set = schedule.counts(), batch * heads // schedule.num_lanes
         scheduled, causal = counts.scheduled_blocks * per_lane_set, counts.causal_blocks * per_lane_set
         path = "kernel"

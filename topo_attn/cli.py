@@ -67,6 +67,17 @@ def add_debug_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(DEBUG_FLAG, action="store_true", help="on an error, show the full traceback")
 
 
+def command_parser(prog: str, description: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
+                   add_help: bool = True) -> ArgumentParser:
+    """A command's parser: ``prog`` as typed, ``description`` kept as written, the arguments ``add_arguments``
+    adds, and ``--debug`` (``add_help=False``: to serve as a parent of a subcommand's parser)."""
+    parser = ArgumentParser(prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            add_help=add_help)
+    add_arguments(parser)
+    add_debug_argument(parser)
+    return parser
+
+
 def add_progress_argument(parser: argparse.ArgumentParser) -> None:
     """``--progress`` / ``--no-progress`` into ``args.progress``: ``None`` (neither given) means a bar only when
     stderr is a terminal (:func:`progress_enabled`)."""

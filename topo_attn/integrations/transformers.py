@@ -18,7 +18,8 @@ What the attention function does, per layer and call (query ``[B, Hq, q_len, D]`
 ``[B, Hkv, kv_len, D]``, not repeated for grouped-query attention):
 
 - ``q_len == kv_len`` (a forward over a whole sequence: training, prefill): the schedule is built from the
-  layer's own queries and keys (detached; one row-set per (batch, query head) lane; for ``selector="dense"``
+  layer's own queries and keys (detached; one row-set per (batch, key/value head), the group's query heads
+  choosing together, or per (batch, query head) with ``options={"per_query_head": True}``; for ``selector="dense"``
   and for the layers in ``dense_layers`` every causal block), then :func:`topo_attn.scheduled_attention` runs
   the Triton kernels forward and, with gradients, backward.
 - ``q_len < kv_len`` (generation with a KV cache, chunked prefill): the queries sit at absolute positions
@@ -281,7 +282,8 @@ def schedule_for(settings: Settings, layer_idx: int | None, query: torch.Tensor,
     """The schedule a layer runs for ``query [B, Hq, S, D]`` and ``key [B, Hkv, S, D]``: every causal block
     (shared by all lanes) when ``settings.is_dense(layer_idx)``, else
     ``selection.select(settings.selector, query, key, block_size, sinks, window, budget, **options)`` on the
-    detached tensors, one row-set per lane ``(B, Hq)``, on the query's device. ``scale``: the oracle's softmax
+    detached tensors (lanes ``(B, Hkv)``, or ``(B, Hq)`` with ``per_query_head`` in the options), on the query's
+    device. ``scale``: the oracle's softmax
     scale (``1 / sqrt(D)`` when None)."""
     seq_len = query.shape[-2]
     if settings.is_dense(layer_idx):

@@ -151,11 +151,7 @@ def markdown(result: dict) -> str:
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """``python -m topo_attn.lm passkey``'s command line (``add_help=False``: as a parent parser)."""
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                add_help=add_help)
-    add_arguments(parser)
-    cli.add_debug_argument(parser)
-    return parser
+    return cli.command_parser(PROG, __doc__, add_arguments, add_help)
 
 
 def main(argv: list[str] | None = None) -> int:

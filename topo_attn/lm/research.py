@@ -567,11 +567,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """``python -m topo_attn.lm research``'s command line (``add_help=False``: as a parent parser)."""
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                add_help=add_help)
-    add_arguments(parser)
-    cli.add_debug_argument(parser)
-    return parser
+    return cli.command_parser(PROG, __doc__, add_arguments, add_help)
 
 
 def check_args(args: argparse.Namespace) -> None:

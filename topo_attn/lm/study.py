@@ -47,15 +47,14 @@ from .. import cli
 from .._checks import SUPPORTED_DTYPES, check_kernel_block_size
 from ..bench.results import ROOT, code_version
 from ..schedule import num_blocks
-from ..selection import full_attention, schedule_quality, select
+from ..selection import full_attention, names, schedule_quality, select
 from .evaluate import bits_per_byte, passkey_scores, token_losses
 from .token_attention import TOKEN_SELECTORS, register_token_selection
 from .token_attention import last_stats as token_last_stats
 from .train import probe_distances, probe_set
 
-SELECTORS = ("window", "random", "topology_22", "topology", "centroid", "quest", "cluster", "cluster_centroid",
-             "oracle")
-"""The sparse selectors evaluated (every selector of :mod:`topo_attn.selection`)."""
+SELECTORS = names("block")
+"""The sparse selectors evaluated (every selector of :mod:`topo_attn.selection`'s registry)."""
 
 DEFAULT_MODEL = ROOT / "data" / "lm"
 PROG = "python -m topo_attn.lm evaluate"
@@ -396,11 +395,7 @@ def _triton_version() -> str:
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """``python -m topo_attn.lm evaluate``'s command line (``add_help=False``: as a parent parser)."""
-    parser = cli.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                add_help=add_help)
-    add_arguments(parser)
-    cli.add_debug_argument(parser)
-    return parser
+    return cli.command_parser(PROG, __doc__, add_arguments, add_help)
 
 
 def main(argv: list[str] | None = None) -> int:

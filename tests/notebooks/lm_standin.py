@@ -7,7 +7,8 @@ BUCKETS = ("0-1k", "1k-4k", "4k-8k")
 DISTANCES = (1024, 2048, 8064)
 SPEED_FIELDS = ("case", "suite", "attention", "selector", "budget", "seq_len", "batch", "heads", "kv_heads",
                 "head_dim", "block_size", "dtype", "layers", "hidden", "transformers", "ms", "visited_fraction",
-                "max_logit_diff", "vs_sdpa", "vs_flex")
+                "max_logit_diff", "syncs", "schedule_share", "host_us_per_layer", "skipped", "floor_ms", "vs_sdpa",
+                "vs_flex", "attention_share")
 
 
 def lm_result(selectors=("window", "centroid", "quest", "topology_causal"), budgets=(2, 6), layers=2, heads=2,
@@ -39,11 +40,16 @@ def lm_result(selectors=("window", "centroid", "quest", "topology_causal"), budg
                   dtype="bfloat16", causal_blocks_per_lane=8256, perplexity=perplexity, retrieval=retrieval,
                   recall=recall, seconds=1.0)
     if speed:
-        rows = [("sdpa", None, 40.0, float("nan")), ("topo_attn dense", "dense", 50.0, 1.0),
-                ("topo_attn centroid", "centroid", 20.0, 0.3), ("flex_attention", None, float("nan"), float("nan"))]
+        nan = float("nan")
+        rows = [("no attention", None, 10.0, nan, None), ("sdpa", None, 40.0, nan, None),
+                ("topo_attn dense", "dense", 50.0, 1.0, None), ("topo_attn centroid", "centroid", 20.0, 0.3, None),
+                ("topo_attn oracle", "oracle", nan, nan, "its scores wait for the host"),
+                ("flex_attention", None, nan, nan, None)]
         result["speed"] = [dict(case="kit LM S8k b64", suite="model", attention=label, selector=selector,
                                 budget=16 if selector not in (None, "dense") else None, seq_len=8192, batch=1,
                                 heads=8, kv_heads=2, head_dim=64, block_size=64, dtype="bfloat16", layers=8,
                                 hidden=512, transformers="5.0", ms=ms, visited_fraction=visited, max_logit_diff=0.0,
-                                vs_sdpa=ms / 40.0, vs_flex=float("nan")) for label, selector, ms, visited in rows]
+                                syncs=0.0, schedule_share=0.1 if selector else nan, host_us_per_layer=50.0 if selector
+                                else nan, skipped=skipped, floor_ms=10.0, vs_sdpa=ms / 40.0, vs_flex=nan,
+                                attention_share=(ms - 10.0) / 30.0) for label, selector, ms, visited, skipped in rows]
     return result

@@ -346,12 +346,13 @@ def test_plot_lm_recall_mean_over_heads_per_layer():
 
 def test_plot_lm_speed_bars_with_ratio_to_sdpa_and_failures():
     ax = viz.plot_lm_speed(lm_figure_result()["speed"], title="t").axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["sdpa", "topo_attn dense", "topo_attn centroid",
-                                                           "flex_attention"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "no attention", "sdpa", "topo_attn dense", "topo_attn centroid 16", "topo_attn oracle 16", "flex_attention"]
     widths = [bar.get_width() for bar in ax.containers[0]]
-    assert widths == [40.0, 50.0, 20.0, 0.0]
+    assert widths == [10.0, 40.0, 50.0, 20.0, 0.0, 0.0]
     texts = [t.get_text() for t in ax.texts]
-    assert any("20.0 ms, 0.50x SDPA, visits 30%" in t for t in texts) and any("failed" in t for t in texts)
+    assert any("20.0 ms, 0.50x SDPA, visits 30%" in t for t in texts) and any("(failed)" in t for t in texts)
+    assert any("(skipped)" in t for t in texts)
     assert ax.get_title() == "kit LM S8k b64"
 
 
@@ -494,5 +495,5 @@ def test_the_stand_in_speed_rows_have_run_model_cases_fields():
     tree = ast.parse(inspect.getsource(model.run_model_case))
     written = [kw.arg for node in ast.walk(tree)
                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict" for kw in node.keywords]
-    assert set(written) | {"vs_sdpa", "vs_flex"} == set(SPEED_FIELDS)
+    assert set(written) | {"floor_ms", "vs_sdpa", "vs_flex", "attention_share"} == set(SPEED_FIELDS)
     assert all(set(row) == set(SPEED_FIELDS) for row in lm_figure_result()["speed"])

@@ -288,7 +288,8 @@ def plot_lm_speed(rows: Sequence[Mapping] | object, title: str | None = None) ->
         top = np.nanmax(ms) if np.isfinite(ms).any() else 1.0
         for i, (r, t) in enumerate(zip(sel, ms)):
             if not np.isfinite(t):
-                ax.text(0, i, "  no time (failed)", va="center", fontsize=8, color="0.3")
+                why = "skipped" if r.get("skipped") else "failed"
+                ax.text(0, i, f"  no time ({why})", va="center", fontsize=8, color="0.3")
                 continue
             ratio = r.get("vs_sdpa")
             ratio = t / sdpa if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)) else float(ratio)
@@ -299,7 +300,7 @@ def plot_lm_speed(rows: Sequence[Mapping] | object, title: str | None = None) ->
             ax.text(t + 0.01 * top, i, "  " + ", ".join(parts), va="center", fontsize=8)
         if np.isfinite(sdpa):
             ax.axvline(sdpa, color=REFERENCE_STYLES["sdpa"][1], ls=":", lw=1.0)
-        ax.set_yticks(y, [str(r["attention"]) for r in sel])
+        ax.set_yticks(y, [str(r["attention"]) + (f" {r['budget']}" if r.get("budget") else "") for r in sel])
         ax.invert_yaxis()
         ax.set_xlim(0, top * 1.55)
         ax.set_xlabel("prefill time (ms, lower is better)")

@@ -190,18 +190,16 @@ def backward_choices() -> dict:
 
 
 def schedule_builder(seq_len: int, block_size: int, device: torch.device) -> dict:
-    """Where ``topology_schedule`` builds the schedule of keys on ``device`` (the rule of
-    ``topology/build.py``: CUDA keys with at most ``topology.gpu.MAX_BLOCKS`` blocks per lane on the GPU)."""
+    """Where ``topology_schedule`` builds the schedule of keys on ``device``, and why
+    (:func:`topo_attn.topology.build.cpu_build_reason`, the rule it follows)."""
     from .schedule import num_blocks
+    from .topology.build import cpu_build_reason
     from .topology.gpu import MAX_BLOCKS
 
     blocks = num_blocks(seq_len, block_size)
-    if device.type != "cuda":
-        return dict(where="cpu", reason=f"keys on {device.type}: the exact CPU path (float64, numpy), one lane "
-                                        f"after another")
-    if blocks > MAX_BLOCKS:
-        return dict(where="cpu", reason=f"{blocks} blocks per lane, more than the GPU build's {MAX_BLOCKS}: "
-                                        f"the exact CPU path")
+    reason = cpu_build_reason(device, blocks)
+    if reason is not None:
+        return dict(where="cpu", reason=reason)
     return dict(where="gpu", reason=f"keys on CUDA, {blocks} <= {MAX_BLOCKS} blocks per lane: Triton kernels, "
                                     f"all lanes at once, replayed from a CUDA graph")
 

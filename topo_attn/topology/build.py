@@ -15,6 +15,18 @@ from .gpu import MAX_BLOCKS as MAX_GPU_BLOCKS
 from .persistence import block_means, check_centroids, lane_saliences, top_salient_blocks
 
 
+def cpu_build_reason(device: torch.device, blocks: int) -> str | None:
+    """Why the topology for ``blocks`` key blocks per lane on ``device`` is built on the CPU (the exact path:
+    float64, numpy, one lane after another), or None when the GPU kernels build it (CUDA, at most
+    :data:`MAX_GPU_BLOCKS` blocks per lane): the one place that decides, for the salience and
+    :func:`topology_schedule`."""
+    if device.type != "cuda":
+        return f"keys on {device.type}: the exact CPU path (float64, numpy), one lane after another"
+    if blocks > MAX_GPU_BLOCKS:
+        return f"{blocks} blocks per lane, more than the GPU build's {MAX_GPU_BLOCKS}: the exact CPU path"
+    return None
+
+
 def block_centroids(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Mean of each key block. keys: ``[..., S, D]`` -> ``[..., n, D]`` with ``n = ceil(S / block_size)``;
     a partial last block averages its real rows. Computed in ``dtype`` (float64 by default), on the keys' device.
@@ -64,7 +76,7 @@ def block_salience(centroids: torch.Tensor, check: bool = True) -> torch.Tensor:
 def _salience(centroids: torch.Tensor) -> torch.Tensor:
     """:func:`block_salience` of already checked centroids."""
     n = centroids.shape[-2]
-    if centroids.is_cuda and n <= MAX_GPU_BLOCKS:
+    if cpu_build_reason(centroids.device, n) is None:
         from .gpu.salience import salience_kernels  # triton is imported on first use
 
         flat = centroids.reshape(-1, n, centroids.shape[-1])
@@ -205,7 +217,7 @@ def _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     seq, nb = keys.shape[-2], num_blocks(keys.shape[-2], block_size)
-    if keys.is_cuda and nb <= MAX_GPU_BLOCKS:
+    if cpu_build_reason(keys.device, nb) is None:
         from .gpu.graph import build_rows  # triton is imported on first use
 
         # NaN or Inf keys (or block sums that overflow) reach the centroids, whose finiteness is read back with

@@ -1,6 +1,7 @@
-"""``python -m topo_attn.lm train|evaluate|research|passkey``: train the kit's byte-level language model,
-evaluate a causal LM with every selector, try the topology-aware research selectors, or answer the passkey probe
-by generation through the decode path (see :mod:`topo_attn.lm`)."""
+"""``python -m topo_attn.lm train|evaluate|research|passkey|corpus``: train the kit's byte-level language model,
+evaluate a causal LM with every selector, try the topology-aware research selectors, answer the passkey probe
+by generation through the decode path, or build the evaluation set and check a machine's files against a corpus
+manifest (see :mod:`topo_attn.lm`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..notebooks import triton_mode
 from .train import ModelShape, TrainSettings
 
 PROG = "python -m topo_attn.lm"
-SUBCOMMANDS = {"evaluate": "study", "research": "research", "passkey": "generation"}
+SUBCOMMANDS = {"evaluate": "study", "research": "research", "passkey": "generation", "corpus": "corpus"}
 """The subcommands whose modules (of :mod:`topo_attn.lm`) parse their own command line (``build_parser``,
 ``main``)."""
 
@@ -32,8 +33,8 @@ def option(field: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole command line, each subcommand with its real arguments (those of ``evaluate``, ``research`` and
-    ``passkey`` from their modules' parsers)."""
+    """The whole command line, each subcommand with its real arguments (those of ``evaluate``, ``research``,
+    ``passkey`` and ``corpus`` from their modules' parsers)."""
     parser = cli.ArgumentParser(prog=PROG, description=__doc__)
     cli.add_debug_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     helps = {"evaluate": "perplexity, retrieval, recall and speed for every selector",
              "research": "recall of the topology-aware research selectors against the baselines",
-             "passkey": "the passkey probe answered by generate() through the decode path"}
+             "passkey": "the passkey probe answered by generate() through the decode path",
+             "corpus": "build the evaluation set (--out) or check this machine's files against a manifest (--check)"}
     for name in SUBCOMMANDS:
         module = subcommand_module(name)
         commands.add_parser(name, parents=[module.build_parser(add_help=False)], help=helps[name],
@@ -79,8 +81,8 @@ def check_train_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``sys.argv[1:]`` when None): ``evaluate``, ``research`` and ``passkey`` go to their
-    modules' ``main`` with the rest of ``argv``; ``train`` trains here. Returns 0; raises
+    """The command line (``sys.argv[1:]`` when None): ``evaluate``, ``research``, ``passkey`` and ``corpus`` go
+    to their modules' ``main`` with the rest of ``argv``; ``train`` trains here. Returns 0; raises
     :class:`~topo_attn.cli.UsageError` for a bad value."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in SUBCOMMANDS:

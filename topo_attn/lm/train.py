@@ -2,11 +2,14 @@
 
 A Llama-architecture model (transformers' ``LlamaForCausalLM``: RoPE, grouped-query attention, SwiGLU) over
 bytes (vocabulary 256, no special tokens), trained with dense attention (SDPA) on :mod:`.corpus`: random
-windows of ``context + 1`` bytes of the shuffled training files, a share of them with key lines copied from far
+windows of ``context + 1`` bytes of the training files (packed in a seeded order of their contents,
+:func:`.corpus.packing_order`), a share of them with key lines copied from far
 back (:func:`.probe.insert_copies`) so that the model learns to retrieve. AdamW, linear warm-up then cosine
 decay to 10%, bfloat16 autocast on a GPU. Everything is seeded; the run writes, into its output folder, the
 checkpoint (``config.json``, ``model.safetensors`` in bfloat16), ``train_log.jsonl`` (one JSON line per logged
-step and evaluation), ``corpus_manifest.json.gz`` and ``eval_set.npz`` (the held-out documents, full context).
+step and evaluation), ``corpus_manifest.json.gz`` and ``eval_set.npz`` (the held-out documents, full context:
+consecutive windows of the deduplicated validation files, :func:`.corpus.split_corpus`; the one-window-per-file
+set of :func:`.corpus.build_eval_set` is written by ``python -m topo_attn.lm corpus --out``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 
 from .._checks import check_int
 from ..cli import progress_enabled
-from .corpus import documents, find_sources, manifest, pack, split_sources
+from .corpus import documents, find_sources, manifest, pack, split_corpus
 from .evaluate import bits_per_byte, passkey_scores, token_losses
 from .probe import insert_copies, passkey_document
 
@@ -172,9 +175,10 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     log_path.write_text("")
 
     started = time.perf_counter()
-    train_files, validation_files = split_sources(find_sources(roots))
+    split = split_corpus(find_sources(roots))  # validation deduplicated against training
+    train_files, validation_files = split.train, split.validation
     with gzip.open(out / "corpus_manifest.json.gz", "wt") as f:
-        json.dump(manifest(train_files, validation_files), f, indent=1)
+        json.dump(manifest(train_files, validation_files, split.duplicates), f, indent=1)
     stream = pack(train_files, seed=settings.seed)
     held_out = pack(validation_files)
     if len(held_out) < settings.context:
@@ -183,7 +187,8 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     eval_docs = documents(held_out, settings.context, min(settings.eval_documents, len(held_out) // settings.context))
     np.savez_compressed(out / "eval_set.npz", documents=eval_docs)
     _log(log_path, dict(event="corpus", train_files=len(train_files), train_bytes=int(len(stream)),
-                        validation_files=len(validation_files), eval_documents=len(eval_docs),
+                        validation_files=len(validation_files), duplicate_files=len(split.duplicates),
+                        eval_documents=len(eval_docs),
                         seconds=time.perf_counter() - started, settings=asdict(settings), shape=asdict(shape)))
     print(f"corpus: {len(train_files)} train files ({len(stream) / 1e6:.0f} MB), {len(validation_files)} "
           f"validation files, {len(eval_docs)} held-out documents of {settings.context} bytes", file=sys.stderr)

@@ -89,6 +89,10 @@ def test_pack_and_documents(tree):
     shuffled = corpus.pack(files, seed=3)
     assert sorted(shuffled.tobytes()) == sorted(expected) and shuffled.tobytes() != expected
     assert corpus.pack(files, seed=3).tobytes() == shuffled.tobytes()
+    # seeded: in the order of a seeded hash of each file's content (tests/lm/test_eval_set.py: adding a file)
+    ordered = corpus.packing_order(files, 3)
+    assert shuffled.tobytes() == b"".join(f.path.read_bytes() + corpus.SEPARATOR for f in ordered)
+    assert corpus.pack(files[::-1], seed=3).tobytes() == shuffled.tobytes()  # not by the files' places
     docs = corpus.documents(stream, 50)
     assert docs.shape == (len(stream) // 50, 50) and docs.tobytes() == stream[: docs.size].tobytes()
     assert corpus.documents(stream, 50, 2).shape == (2, 50)

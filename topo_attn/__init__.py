@@ -2,7 +2,9 @@
 
 Layers, each importing only the ones below it: ``_checks`` (argument checks) < ``schedule`` (the CSR type) <
 ``rule`` (sinks + window + top-k) < ``attention`` (kernels, reference) and ``topology`` (persistence, the
-schedule build) < ``selection`` (quality harness) < ``bench``, ``viz``, ``demo``, ``notebooks``.
+schedule build) < ``selection`` (quality harness) < ``bench``, ``viz``, ``demo``, ``notebooks``. The benchmark
+runner (``bench``) and the language-model study (``lm``) do not import each other: what both need lies below
+them, the commit a result came from in ``provenance`` and the whole-model prefill timing in ``prefill_speed``.
 
 Without a GPU, set ``TRITON_INTERPRET=1`` in the environment before triton is first imported (topo_attn imports
 it on the first call of ``scheduled_attention``) to run the Triton kernel in Triton's interpreter on the CPU.

@@ -169,7 +169,7 @@ def test_runner_progress_leaves_the_table_and_the_json_alone(monkeypatch, capsys
     byte-identical with and without it, and the stored command leaves out --no-progress."""
     import json
 
-    from topo_attn.bench.results import code_version
+    from topo_attn.provenance import code_version
 
     ran = fake_gpu_runner(monkeypatch)
     out = tmp_path / "pr.json"

@@ -1,5 +1,5 @@
 """The ``model`` suite's CPU-side pieces: a tiny Llama through the whole case (the kit's backend in Triton's
-interpreter, a stand-in timer), the ratios and the markdown table."""
+interpreter, a stand-in timer; the rows from topo_attn.prefill_speed), the ratios and the markdown table."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ TINY = dict(num_hidden_layers=2, intermediate_size=128, vocab_size=96)
 
 
 def test_model_suite_is_the_issue_case():
-    from topo_attn.bench.model import FIXED_BUDGET, LLAMA_1B
+    from topo_attn.bench.model import LLAMA_1B
+    from topo_attn.prefill_speed import FIXED_BUDGET
 
     cases = SUITES["model"]
     assert [c.seq_len for c in cases] == [8192, 32768, 65536, 131072]
@@ -34,7 +35,8 @@ def test_model_case_rows_on_a_tiny_model(device):
     the dense backend's logits equal SDPA's, the sparse ones visit fewer blocks, and the attention share
     takes the floor out."""
     from topo_attn import selection
-    from topo_attn.bench.model import FLOOR, MODEL_COLUMNS, model_markdown, run_model_case
+    from topo_attn.bench.model import MODEL_COLUMNS, model_markdown, run_model_case
+    from topo_attn.prefill_speed import FLOOR
 
     timed = []
     times = {0: 1.0, 1: 3.0, 2: 2.0}
@@ -64,9 +66,10 @@ def test_model_case_rows_on_a_tiny_model(device):
 
 def test_slow_selectors_are_left_out_of_long_cases(device, monkeypatch):
     from topo_attn import selection
+    from topo_attn import prefill_speed
     from topo_attn.bench import model
 
-    monkeypatch.setattr(model, "SLOW_SELECTORS_UP_TO", 100)
+    monkeypatch.setattr(prefill_speed, "SLOW_SELECTORS_UP_TO", 100)
     monkeypatch.setattr(selection, "names", lambda path=None: ("window", "oracle", "cluster"))
     case = Case("tiny", 1, 4, 2, 160, 16, 16, "float32")
     timed = iter(range(1, 100))

@@ -1,4 +1,5 @@
-"""Reading kernel benchmark results (topo_attn.bench.results) from JSON files."""
+"""Reading kernel benchmark results (topo_attn.bench.results) from JSON files (the commit record itself:
+tests/test_provenance.py)."""
 
 from __future__ import annotations
 
@@ -126,39 +127,6 @@ def test_other_suites_are_read_by_load_suite(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- the commit of the code
-def git(cwd: Path, *args: str) -> str:
-    import subprocess
-
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
-def test_code_version_names_the_commit_and_uncommitted_changes(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "topo_attn").mkdir(parents=True)
-    (repo / "topo_attn" / "a.py").write_text("x = 1\n")
-    (repo / "README.md").write_text("r\n")
-    assert bench_results.code_version(repo)["commit"] is None  # not a checkout
-    assert "not in a git checkout" in bench_results.code_version(repo)["commit_source"]
-    git(repo, "init", "-q")
-    assert "no commit yet" in bench_results.code_version(repo)["commit_source"]
-    git(repo, "add", ".")
-    git(repo, "commit", "-q", "-m", "first")
-    version = bench_results.code_version(repo)
-    assert version["commit"] == git(repo, "rev-parse", "--short", "HEAD") and version["dirty"] is False
-    assert bench_results.commit_text(version) == f"commit {version['commit']}"
-    (repo / "README.md").write_text("changed outside the package\n")
-    assert bench_results.code_version(repo)["dirty"] is False
-    (repo / "topo_attn" / "new.py").write_text("")  # untracked, under the package
-    version = bench_results.code_version(repo)
-    assert version["dirty"] is True
-    assert bench_results.commit_text(version) == f"commit {version['commit']} with uncommitted changes under topo_attn/"
-    inside = bench_results.code_version(repo / "topo_attn")  # an installed package inside another repository
-    assert inside["commit"] is None and "not the top of a git checkout" in inside["commit_source"]
-    assert bench_results.commit_text(inside).startswith("commit unknown (") and bench_results.commit_text({}) == (
-        "commit not recorded")
-
-
 def test_the_commit_is_read_and_described(tmp_path):
     write(tmp_path / "a.json", {**HEADER, "commit": "abc1234", "dirty": True, "commit_source": "test",
                                 "rows": [ROW]})
@@ -185,28 +153,9 @@ def test_a_malformed_commit_raises(tmp_path, field, value):
         bench_results.load_suite("build", tmp_path)
 
 
-def committed_commits() -> dict[str, str]:
-    """Every commit named in data/benchmarks: where (file, and run inside it) -> commit, or None where there is
-    none; a missing or empty ``commit_source`` gives that place ``"no commit_source"``."""
-    found = {}
-    for path in sorted(bench_results.RESULTS_DIR.glob("*.json")):
-        data = json.loads(path.read_text())
-        for i, run in enumerate([data] + data.get("runs", [])):
-            where = path.name + (f", run {i}" if i else "")
-            source = run.get("commit_source")
-            found[where] = run.get("commit") if isinstance(source, str) and source else "no commit_source"
-    return found
-
-
-def test_every_committed_result_names_the_commit_of_its_code():
-    """Every file in data/benchmarks, and every run inside one, names a commit and how it was determined;
-    the loaders and the notebook's descriptions show it."""
-    import re
-
-    found = committed_commits()
-    assert len(found) >= 8
-    missing = {where: c for where, c in found.items() if not re.fullmatch(r"[0-9a-f]{7,40}", str(c))}
-    assert not missing, f"results without a commit (or without commit_source): {missing}"
+def test_the_loaders_describe_the_commits_of_the_committed_results():
+    """The kernel loader's descriptions and the suites' headers say the commit each committed file names (that
+    every file names one: tests/test_provenance.py)."""
     for bench in bench_results.load_kernel_benchmarks():
         assert bench.commit and bench.describe().endswith(f"; commit {bench.commit}")
     for suite in ("build", "train", "select"):
@@ -214,14 +163,34 @@ def test_every_committed_result_names_the_commit_of_its_code():
             assert bench_results.commit_text(header) == f"commit {header['commit']}"
 
 
-def test_committed_results_name_commits_of_this_history():
-    """Each commit named in data/benchmarks is one that HEAD descends from (needs the clone's history)."""
-    import subprocess
+def test_other_results_leave_out_files_of_the_packages_other_commands(tmp_path):
+    """The "other results" are the files without rows that no other command of the package wrote: a file of
+    ``python -m topo_attn.<module>`` (the language-model study's, for example) is read by that module's own
+    loaders, whatever its suite; scripts and shell loops stay."""
+    write(tmp_path / "salience_cpu.json", {"command": "python tests/bench_salience.py", "speedup": 18.5})
+    write(tmp_path / "study.json", {"suite": "anything", "command": "python -m topo_attn.lm evaluate --out x",
+                                    "perplexity": []})
+    write(tmp_path / "loop.json", {"command": "for i in 1 2; do python -m topo_attn.bench --suite llm; done",
+                                   "runs": []})
+    assert list(bench_results.other_results_table(tmp_path).columns) == ["loop.json", "salience_cpu.json"]
+    assert bench_results.written_by_another_command({"command": "python -m topo_attn.lm research"})
+    for data in ({"command": "python -m topo_attn.bench --suite pr"}, {"command": "python tests/bench_hopper.py"},
+                 {"command": "python -m topo_attn"}, {"command": None}, {}, []):
+        assert not bench_results.written_by_another_command(data), data
+    committed = set(bench_results.other_results_table().columns)  # the repository's: no language-model file
+    assert "salience_cpu.json" in committed and not any(name.startswith("lm_") for name in committed)
 
-    here = bench_results.code_version()
-    if here["commit"] is None or git(bench_results.ROOT, "rev-parse", "--is-shallow-repository") == "true":
-        pytest.skip(f"no git history to check the commits against ({here['commit_source']})")
-    for commit in sorted(set(committed_commits().values())):
-        result = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=bench_results.ROOT,
-                                capture_output=True, text=True)
-        assert result.returncode == 0, f"{commit} is not a commit that HEAD descends from: {result.stderr}"
+
+def test_the_language_model_results_are_left_to_their_own_loaders(tmp_path):
+    """The language-model study's files (topo_attn.lm.results reads them) are neither kernel results nor
+    "other results", with rows (the research step's) or without (the study's sections)."""
+    from lm_standin import lm_result  # in tests/: the stand-in of the study's results
+
+    write(tmp_path / "lm_quality.json", lm_result())
+    write(tmp_path / "lm_research.json", {**HEADER, "suite": "lm_research",
+                                          "command": "python -m topo_attn.lm research",
+                                          "rows": [{"selector": "quest", "budget": 2, "recall": 0.9}]})
+    write(tmp_path / "salience_cpu.json", {"command": "x", "speedup": 2.0})
+    assert bench_results.load_kernel_benchmarks(tmp_path) == []
+    assert list(bench_results.other_results_table(tmp_path).columns) == ["salience_cpu.json"]
+    assert bench_results.load_suite("lm", tmp_path) == []

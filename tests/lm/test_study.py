@@ -184,3 +184,36 @@ def test_main_rejects_an_unknown_selector(capsys):
     with pytest.raises(SystemExit):
         study.main(["--selectors", "bogus", "--device", "cpu"])
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_speed_rows_time_the_study_model_with_the_shared_prefill_timing(run, monkeypatch):
+    """The speed section is topo_attn.prefill_speed's rows (those of the benchmark's model suite) for the study's
+    own model: its heads, head dim and dtype, the study's length, block size, sinks and window (a stand-in timer
+    and two selectors here: no GPU)."""
+    import argparse
+
+    from lm_standin import SPEED_FIELDS  # in tests/: the fields the speed figure is tested on
+
+    from topo_attn import prefill_speed, selection
+
+    times = iter(range(2, 100))
+
+    def rows(*args, **options):  # the study's call, with a stand-in timer
+        assert options["with_flex"] is False and options["sinks"] == 1 and options["window"] == 1
+        return prefill_speed.prefill_speed_rows(*args, **options, median_ms=lambda fn: float(next(times)))
+
+    monkeypatch.setattr(study, "prefill_speed_rows", rows)
+    monkeypatch.setattr(selection, "names", lambda path=None: ("window", "quest"))
+    args = argparse.Namespace(length=LENGTH, block_size=BLOCK, sinks=1, window=1, flex=False)
+    model = LlamaForCausalLM.from_pretrained(run["root"] / "model", attn_implementation="sdpa").eval()
+    found = study.speed_rows(model.to(DEVICE), args)
+    assert [(r["attention"], r["budget"]) for r in found] == [
+        (prefill_speed.FLOOR, None), ("sdpa", None), ("topo_attn dense", None), ("topo_attn window", 1),
+        ("topo_attn quest", 1), ("topo_attn quest", prefill_speed.FIXED_BUDGET)]  # 8 blocks: n / 8 = 1
+    assert all(set(r) == set(SPEED_FIELDS) for r in found)
+    floor, sdpa, dense, *sparse = found
+    assert {(r["case"], r["seq_len"], r["block_size"], r["heads"], r["kv_heads"], r["head_dim"], r["dtype"])
+            for r in found} == {(f"kit LM S0k b{BLOCK}", LENGTH, BLOCK, HEADS, 2, 16, "float32")}
+    assert dense["max_logit_diff"] < 1e-4 and dense["visited_fraction"] == 1.0 and sdpa["vs_sdpa"] == 1.0
+    assert [r["ms"] for r in found] == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0] and floor["attention_share"] == 0.0
+    assert all(r["visited_fraction"] < 1.0 for r in sparse if r["budget"] == 1)

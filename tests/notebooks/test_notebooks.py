@@ -147,9 +147,9 @@ def test_benchmark_notebook_says_when_there_are_no_results(tmp_path):
 
 
 def test_language_model_notebook_renders_results(tmp_path):
-    """Notebook 06 on a stand-in of the study's results (tests/notebooks/lm_standin.py): the header, the summary
+    """Notebook 06 on a stand-in of the study's results (tests/lm_standin.py): the header, the summary
     table and a figure per section, at the budget asked for."""
-    from lm_standin import lm_result  # tests/notebooks/
+    from lm_standin import lm_result  # in tests/
 
     results = tmp_path / "lm_quality.json"
     results.write_text(json.dumps(lm_result()))

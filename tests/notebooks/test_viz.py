@@ -263,7 +263,7 @@ def test_plot_recall_vs_time_lines_per_selector():
 
 # ---------------------------------------------------------------------------------- the language-model study
 def lm_figure_result(**options) -> dict:
-    from lm_standin import lm_result  # tests/notebooks/lm_standin.py
+    from lm_standin import lm_result  # tests/lm_standin.py
 
     return lm_result(**options)
 
@@ -332,7 +332,7 @@ def test_plot_lm_retrieval_exact_and_loss_by_distance():
 
 def test_plot_lm_recall_mean_over_heads_per_layer():
     pytest.importorskip("pandas")
-    from topo_attn.bench.results import lm_quality_tables
+    from topo_attn.lm.results import lm_quality_tables
 
     result = lm_figure_result(layers=3)
     for given in (result["recall"], lm_quality_tables(result)["recall"]):
@@ -368,131 +368,18 @@ def test_plot_lm_training_steps_and_validation():
         viz.plot_lm_training([{"event": "corpus"}])
 
 
-# the loader of the study's results file (topo_attn.bench.results)
-def test_load_lm_quality_and_its_tables(tmp_path):
-    import json
-
-    from topo_attn.bench import results as bench_results
-
-    result = lm_figure_result()
-    path = tmp_path / "lm_quality.json"
-    path.write_text(json.dumps(result))
-    loaded = bench_results.load_lm_quality(path)
-    assert loaded == json.loads(path.read_text())
-    described = bench_results.describe_lm_quality(loaded)
-    assert "NVIDIA Test GPU" in described and "commit abc1234" in described and "block_size 64" in described
-    tables = bench_results.lm_quality_tables(loaded)
-    assert set(tables) == {"perplexity", "retrieval", "recall", "speed"}
-    perplexity = tables["perplexity"]
-    assert list(perplexity.columns[:7]) == ["attention", "budget", "visited_fraction", "bpb_all", "bpb_0-1k",
-                                            "bpb_1k-4k", "bpb_4k-8k"]
-    assert str(perplexity["budget"].dtype) == "Int64" and perplexity["budget"].isna().sum() == 2  # sdpa, dense
-    assert tables["recall"]["recall_mean"].iloc[0] == pytest.approx(0.5)
-    assert "speed" not in bench_results.lm_quality_tables(lm_figure_result(speed=False))
-    # the other loaders leave the file alone: no kernel rows, not among the "other results"
-    (tmp_path / "salience_cpu.json").write_text(json.dumps({"command": "x", "speedup": 2.0}))
-    assert bench_results.load_kernel_benchmarks(tmp_path) == []
-    assert list(bench_results.other_results_table(tmp_path).columns) == ["salience_cpu.json"]
-    assert bench_results.load_suite("lm", tmp_path) == []
-
-
-def test_load_lm_quality_names_what_is_wrong(tmp_path):
-    import json
-
-    from topo_attn.bench import results as bench_results
-
-    with pytest.raises(FileNotFoundError, match="no language-model results at .*missing.json"):
-        bench_results.load_lm_quality(tmp_path / "missing.json")
-    with pytest.raises(FileNotFoundError, match=str(bench_results.ROOT / "data" / "nothing.json")):
-        bench_results.load_lm_quality("data/nothing.json")  # relative: from the repository's root
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"suite": "pr", "rows": []}))
-    with pytest.raises(ValueError, match="suite 'lm'"):
-        bench_results.load_lm_quality(bad)
-    bad.write_text(json.dumps({k: v for k, v in lm_figure_result().items() if k != "retrieval"}))
-    with pytest.raises(ValueError, match=r"lacks \['retrieval'\]"):
-        bench_results.load_lm_quality(bad)
-    bad.write_text(json.dumps({**lm_figure_result(), "recall": {}}))
-    with pytest.raises(ValueError, match="must be lists"):
-        bench_results.load_lm_quality(bad)
-
-
-def test_combine_lm_quality_joins_parts_of_one_study():
-    from topo_attn.bench import results as bench_results
-
-    whole = lm_figure_result()
-    configs = [(r["attention"], r["budget"]) for r in whole["perplexity"]]
-    base = {("sdpa", None), ("dense", None)}
-    split = configs.index(next(c for c in configs if c not in base and c[0] != "window"))
-
-    def part(keep):  # a run of some selectors: sdpa and dense in every part
-        chosen = base | set(keep)
-        return {**whole, **{s: [r for r in whole[s] if (r["attention"], r["budget"]) in chosen]
-                            for s in ("perplexity", "retrieval")}}
-
-    a, b = part(configs[:split]), part(configs[split:])
-    b["perplexity"] = [{**r, "seconds": -1.0} for r in b["perplexity"]]  # to see which part a row came from
-    combined = bench_results.combine_lm_quality([a, b])
-    assert [(r["attention"], r["budget"]) for r in combined["perplexity"]] == configs
-    assert all(r["seconds"] != -1.0 for r in combined["perplexity"][:split])  # sdpa, dense: from the first part
-    assert len(combined["retrieval"]) == len(whole["retrieval"])
-    with pytest.raises(ValueError, match="block_size"):
-        bench_results.combine_lm_quality([a, {**b, "block_size": 32}])
-    with pytest.raises(ValueError, match="at least one"):
-        bench_results.combine_lm_quality([])
-
-
-def test_load_lm_research_and_its_table(tmp_path):
-    import json
-
-    from topo_attn.bench import results as bench_results
-
-    rows = [dict(selector=s, budget=b, recall=0.5 + 0.1 * i + 0.01 * b, late_recall=0.4 + 0.1 * i + 0.01 * b,
-                 blocks_per_row=3.0 + b) for i, s in enumerate(("random", "centroid", "quest_mst")) for b in (2, 6)]
-    result = dict(suite="lm_research", gpu="NVIDIA Test GPU", torch="2", triton="3", command="x", rows=rows,
-                  commit="abc1234", dirty=False, commit_source="test")
-    path = tmp_path / "lm_research.json"
-    path.write_text(json.dumps(result))
-    loaded = bench_results.load_lm_research(path)
-    table = bench_results.lm_research_table(loaded)
-    assert list(table.index) == ["random", "centroid", "quest_mst"] and list(table.columns) == ["budget 2",
-                                                                                                  "budget 6"]
-    assert table.loc["centroid", "budget 6"] == "0.660 / 0.560"
-    assert bench_results.other_results_table(tmp_path).empty  # not among the "other results"
-    path.write_text(json.dumps({**result, "suite": "lm"}))
-    with pytest.raises(ValueError, match="lm_research"):
-        bench_results.load_lm_research(path)
-    with pytest.raises(FileNotFoundError, match="missing.json"):
-        bench_results.load_lm_research(tmp_path / "missing.json")
-
-
-def test_load_lm_passkey_and_its_table(tmp_path):
-    import json
-
-    from topo_attn.bench import results as bench_results
-    from topo_attn.lm.generation import markdown
-
-    loaded = bench_results.load_lm_passkey("data/benchmarks/lm_passkey_generate_h200.json")  # the committed one
-    assert "| quest | 30 | 25.8% | 100% | 100% | 100% | 88% |" in markdown(loaded)
-    path = tmp_path / "passkey.json"
-    path.write_text(json.dumps({**loaded, "suite": "lm"}))
-    with pytest.raises(ValueError, match="lm_passkey_generate"):
-        bench_results.load_lm_passkey(path)
-    with pytest.raises(FileNotFoundError, match="missing.json"):
-        bench_results.load_lm_passkey(tmp_path / "missing.json")
-
-
-def test_the_stand_in_speed_rows_have_run_model_cases_fields():
-    """The speed rows of the stand-in carry what topo_attn.bench.model.run_model_case writes (its row dict and
-    the ratios), so the speed figure is tested on the real shape."""
+def test_the_stand_in_speed_rows_have_the_prefill_timings_fields():
+    """The speed rows of the stand-in carry what topo_attn.prefill_speed.prefill_speed_rows writes (its row dict
+    and the ratios; the study's speed rows and the benchmark's model suite both come from it), so the speed
+    figure is tested on the real shape."""
     import ast
     import inspect
 
     from lm_standin import SPEED_FIELDS
 
-    from topo_attn.bench import model
+    from topo_attn import prefill_speed
 
-    tree = ast.parse(inspect.getsource(model.run_model_case))
+    tree = ast.parse(inspect.getsource(prefill_speed.prefill_speed_rows))
     written = [kw.arg for node in ast.walk(tree)
                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "dict" for kw in node.keywords]
     assert set(written) | {"floor_ms", "vs_sdpa", "vs_flex", "attention_share"} == set(SPEED_FIELDS)

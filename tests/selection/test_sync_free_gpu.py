@@ -45,7 +45,7 @@ def test_selection_and_attention_wait_for_no_host_sync(name, monkeypatch):
 def test_a_model_forward_syncs_no_more_than_with_sdpa(name, monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from topo_attn.bench.model import host_syncs
+    from topo_attn.prefill_speed import host_syncs
     from topo_attn.integrations import transformers as tat
 
     monkeypatch.setenv(CHECK_ENV, "0")

@@ -7,7 +7,7 @@ bandwidth reached and the suite's goals), with a progress bar on stderr naming t
 is a terminal (``--progress`` / ``--no-progress`` force it on or off; ``--no-flex`` leaves FlexAttention out of
 ``llm``, ``train``, ``model`` and ``decode``). Prints the suite's markdown table on stdout and writes JSON (the
 GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
-``topo_attn/`` had uncommitted changes (:func:`~topo_attn.bench.results.code_version`), the optional note, the
+``topo_attn/`` had uncommitted changes (:func:`~topo_attn.provenance.code_version`), the optional note, the
 rows of every case (one per case, or one per implementation in ``model`` and per timed path in ``decode``) and
 the table) to ``--out`` or
 ``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
@@ -25,12 +25,14 @@ from pathlib import Path
 import torch
 
 from .. import cli
+from ..prefill_speed import calls_median_ms
+from ..provenance import code_version
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
 from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
 from .kernel import kernel_markdown, run_kernel_case
-from .model import calls_median_ms, model_markdown, run_model_case
-from .results import RESULTS_DIR, code_version
+from .model import model_markdown, run_model_case
+from .results import RESULTS_DIR
 from .select import run_select_case, select_markdown
 from .timing import graph_median_ms, median_ms
 from .train import run_train_case, train_markdown

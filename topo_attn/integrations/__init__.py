@@ -10,6 +10,6 @@ imports none of them, nor the libraries they connect to).
   statistics for decode-time selection (importing it imports transformers).
 
 This is the top layer of the package: it imports ``attention``, ``schedule``, ``selection`` and ``_checks``;
-nothing imports it but the benchmark's ``model`` suite (:mod:`topo_attn.bench.model`), inside its function, and
-:mod:`topo_attn.lm`.
+nothing imports it but the whole-model prefill timing (:mod:`topo_attn.prefill_speed`, which the benchmark's
+``model`` suite and the language-model study share), inside its functions, and :mod:`topo_attn.lm`.
 """

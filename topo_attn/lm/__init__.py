@@ -5,6 +5,7 @@ copied from far back: the passkey probe and the training documents that teach co
 position, bits per byte, passkey scores), ``train`` (``python -m topo_attn.lm train``), ``study``
 (``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
 selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
-passkey probe answered by ``generate()`` through the decode path). Needs transformers (the ``lm`` extra);
-``import topo_attn`` does not import this package.
+passkey probe answered by ``generate()`` through the decode path), ``results`` (the result files of these
+commands and their loaders and tables). Needs transformers (the ``lm`` extra; ``results`` does not);
+``import topo_attn`` does not import this package. It does not import the benchmark runner (``topo_attn.bench``).
 """

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from .. import cli
-from ..bench.results import code_version
+from ..provenance import code_version
 from ..schedule import num_blocks
 from ..selection.incremental import INCREMENTAL_SELECTORS
 from .probe import Passkey
+from .results import LM_PASSKEY_SUITE
 from .study import add_common_arguments, check_common_arguments, eval_set_path, load_documents, load_model
 from .train import probe_distances, probe_set
 
@@ -121,7 +122,7 @@ def passkey_generation(args: argparse.Namespace, argv: list[str] | None = None) 
     rows = [row for attention, budget in configs
             for row in passkey_generation_rows(model, probes, attention, budget, args, args.progress)]
     nb = num_blocks(docs.shape[1], args.block_size)
-    result = dict(suite="lm_passkey_generate", model=str(args.model),
+    result = dict(suite=LM_PASSKEY_SUITE, model=str(args.model),
                   gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
                   triton=triton.__version__,
                   command="python -m topo_attn.lm passkey " + " ".join(argv if argv is not None else sys.argv[2:]),

@@ -53,12 +53,13 @@ import torch
 
 from .. import cli
 from .._checks import check_int, check_qkv
-from ..bench.results import code_version
+from ..provenance import code_version
 from ..schedule import num_blocks
 from ..selection import block_scores, schedule_from_scores
 from ..topology import block_centroids
 from ..topology.persistence import centroid_distances, check_centroids, elder_salience, merge_order, prim_tree
 from .corpus import documents, find_sources, pack, split_sources
+from .results import LM_RESEARCH_SUITE
 from .study import (DEFAULT_MODEL, capture_qkv, check_device, check_eval_set, check_model_folder, eval_set_path,
                     load_documents, load_model)
 
@@ -514,7 +515,7 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
     import triton
 
     result = dict(
-        suite="lm_research", model=str(args.model),
+        suite=LM_RESEARCH_SUITE, model=str(args.model),
         gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
         triton=triton.__version__, command="python -m topo_attn.lm research " + " ".join(argv or []),
         date=datetime.date.today().isoformat(), **code_version(),

@@ -24,7 +24,7 @@ the kernels, are skipped with a note (``notes`` in the JSON).
 - **recall**: per layer and head, the attention-mass recall of each selector's schedule
   (:func:`topo_attn.selection.schedule_quality`) on the model's own queries and keys of one document;
 - **speed** (a GPU only): the whole model's prefill at the context length with ``sdpa`` and the kit's backend
-  (:func:`topo_attn.bench.model.run_model_case`, schedule builds included).
+  (:func:`topo_attn.prefill_speed.prefill_speed_rows`, schedule builds included).
 
 Results are written as JSON (``--out``) with the GPU, versions, command and commit.
 """
@@ -45,10 +45,12 @@ import torch
 
 from .. import cli
 from .._checks import SUPPORTED_DTYPES, check_kernel_block_size
-from ..bench.results import ROOT, code_version
+from ..prefill_speed import prefill_speed_rows
+from ..provenance import ROOT, code_version
 from ..schedule import num_blocks
 from ..selection import full_attention, names, schedule_quality, select
 from .evaluate import bits_per_byte, passkey_scores, token_losses
+from .results import LM_SUITE
 from .token_attention import TOKEN_SELECTORS, register_token_selection
 from .token_attention import last_stats as token_last_stats
 from .train import probe_distances, probe_set
@@ -230,15 +232,10 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool | None = True) -> l
 
 def speed_rows(model, args) -> list[dict]:
     """The model's prefill at the documents' length with ``sdpa`` and the kit's backend
-    (:func:`topo_attn.bench.model.run_model_case`); a GPU only."""
-    from ..bench.cases import Case
-    from ..bench.model import run_model_case
-
-    config = model.config
-    case = Case(f"kit LM S{args.length // 1024}k b{args.block_size}", 1, config.num_attention_heads,
-                config.num_key_value_heads, args.length, config.head_dim, args.block_size, "bfloat16",
-                window=args.window, sinks=args.sinks)
-    return run_model_case(case, with_flex=args.flex, model=model)
+    (:func:`topo_attn.prefill_speed.prefill_speed_rows`, FlexAttention with ``--flex``); a GPU only."""
+    name = f"kit LM S{args.length // 1024}k b{args.block_size}"
+    return prefill_speed_rows(model, name, args.length, args.block_size, sinks=args.sinks, window=args.window,
+                              with_flex=args.flex)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, documents_help: str) -> None:
@@ -364,7 +361,7 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     perplexity, retrieval = quality_rows(model, docs, args, args.progress)
     result = dict(
-        suite="lm", model=str(args.model), gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
+        suite=LM_SUITE, model=str(args.model), gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
         torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
         " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
         **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,

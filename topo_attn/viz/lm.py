@@ -2,7 +2,7 @@
 
 Each function takes one section of the study's results (the JSON's ``perplexity``, ``retrieval``, ``recall`` or
 ``speed`` rows: a list of dicts, or a pandas DataFrame of them such as
-:func:`topo_attn.bench.results.lm_quality_tables` gives) and returns a new figure. A configuration is an
+:func:`topo_attn.lm.results.lm_quality_tables` gives) and returns a new figure. A configuration is an
 ``attention`` name and a ``budget`` (extra key blocks per query block): ``sdpa`` and the kit's ``dense`` have no
 budget and are drawn as references, ``window`` has budget 0 and is drawn as a point, every other name is a
 selector drawn through its budgets. Names the figures do not know (a selector added later) get a colour of
@@ -273,7 +273,7 @@ def plot_lm_speed(rows: Sequence[Mapping] | object, title: str | None = None) ->
     """Prefill time per implementation as horizontal bars, one panel per case, each bar labelled with its
     ratio to SDPA (``vs_sdpa``, else computed from the ``sdpa`` row) and its visited fraction; an
     implementation without a time (NaN: it failed) is marked so. ``rows``: the study's ``speed`` rows
-    (:func:`topo_attn.bench.model.run_model_case`)."""
+    (:func:`topo_attn.prefill_speed.prefill_speed_rows`)."""
     records = _records(rows, "speed")
     cases = list(dict.fromkeys(str(r.get("case", "")) for r in records))
     fig, axes = plt.subplots(len(cases), 1, figsize=(7.6, 0.9 + 0.42 * len(records) + 0.6 * len(cases)),

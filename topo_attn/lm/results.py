@@ -1,0 +1,190 @@
+"""The language-model study's result files and their loaders (pandas is imported here, on use).
+
+The commands of :mod:`topo_attn.lm` write JSON results (to ``--out``; the committed ones are in
+``data/benchmarks/``), each with its suite, the GPU, the versions, the command and the commit of the code
+(:data:`~topo_attn.provenance.COMMIT_KEYS`):
+
+- ``python -m topo_attn.lm evaluate``: suite :data:`LM_SUITE`, no ``rows`` but the sections of
+  :data:`LM_SECTIONS` (:func:`load_lm_quality`, :func:`lm_quality_tables`, :func:`describe_lm_quality`, and
+  :func:`combine_lm_quality` for a study run in parts);
+- ``python -m topo_attn.lm research``: suite :data:`LM_RESEARCH_SUITE`, ``rows`` of recall per selector and
+  budget (:func:`load_lm_research`, :func:`lm_research_table`);
+- ``python -m topo_attn.lm passkey``: suite :data:`LM_PASSKEY_SUITE`, ``rows`` of the passkey probe answered
+  by generation (:func:`load_lm_passkey`; :func:`topo_attn.lm.generation.markdown` renders it).
+
+A relative path is taken from the repository's root, so ``"data/benchmarks/lm_quality_h200.json"`` works from
+any folder. Importing this module imports neither transformers nor pandas (pandas is imported on use).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..provenance import ROOT, check_commit, commit_text
+
+LM_SUITE = "lm"
+"""The language-model study's suite (``python -m topo_attn.lm evaluate``): no ``rows``, sections of its own."""
+LM_RESEARCH_SUITE = "lm_research"
+"""The research step's suite (``python -m topo_attn.lm research``): ``rows`` of recall per selector and budget."""
+LM_PASSKEY_SUITE = "lm_passkey_generate"
+"""The suite of the passkey probe answered by generation (``python -m topo_attn.lm passkey``)."""
+LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
+"""The top-level keys every :data:`LM_SUITE` file has."""
+LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
+"""The sections of an :data:`LM_SUITE` file, each a list of rows (``recall`` and ``speed`` may be absent)."""
+
+
+def _read_results(path: str | Path, what: str, written: str) -> tuple[Path, object]:
+    """``(path, parsed JSON)`` of a results file, a relative ``path`` taken from the repository's root
+    (:data:`~topo_attn.provenance.ROOT`); a missing file raises ``FileNotFoundError`` naming it, ``what`` it
+    should hold and how it is ``written``."""
+    path = Path(path)
+    path = path if path.is_absolute() else ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path} (written {written} --out {path.name}`)")
+    return path, json.loads(path.read_text())
+
+
+def load_lm_quality(path: str | Path) -> dict:
+    """The language-model study's results (``python -m topo_attn.lm evaluate --out path``) as the parsed JSON;
+    a relative ``path`` is taken from the repository's root (:data:`~topo_attn.provenance.ROOT`), so
+    ``"data/benchmarks/lm_quality_h200.json"`` works from any folder.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm``, lacks one of :data:`LM_KEYS`, has a section that is not a
+            list, or has :data:`~topo_attn.provenance.COMMIT_KEYS` of the wrong type.
+    """
+    path, data = _read_results(path, "language-model results", "on a GPU by `python -m topo_attn.lm evaluate")
+    if not isinstance(data, dict) or data.get("suite") != LM_SUITE:
+        suite = data.get("suite") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: expected the language-model study's results (suite {LM_SUITE!r}), got {suite!r}")
+    missing = [k for k in LM_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{path}: lacks {missing}; expected top-level keys {list(LM_KEYS)}")
+    wrong = [k for k in LM_SECTIONS if k in data and not isinstance(data[k], list)]
+    if wrong:
+        raise ValueError(f"{path}: {wrong} must be lists of rows")
+    check_commit(path, data)
+    return data
+
+
+def combine_lm_quality(results: Sequence[Mapping]) -> dict:
+    """Several :func:`load_lm_quality` results of one study run in parts (e.g. one process per selector) as one:
+    the first one's header, and the ``perplexity`` and ``retrieval`` rows of all of them, a configuration
+    (``attention``, ``budget``) taken from the first result that has it (``sdpa`` and ``dense`` appear in
+    every part). Other sections (``recall``, ``speed``) come from the first result only.
+
+    Raises:
+        ValueError: no results, or parts of different settings (``length``, ``block_size``, ``sinks``,
+            ``window``, ``documents``, ``granularity``, ``strict``).
+    """
+    if not results:
+        raise ValueError("results must hold at least one language-model result")
+    keys = ("length", "block_size", "sinks", "window", "documents", "granularity", "strict")
+    first = results[0]
+    for other in results[1:]:
+        differ = [k for k in keys if other.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"results differ in {differ}: they are not parts of one study")
+    combined = dict(first)
+    seen = set()
+    for section in ("perplexity", "retrieval"):
+        combined[section] = []
+    for result in results:
+        configs = {(r["attention"], r["budget"]) for r in result["perplexity"]} - seen
+        for section in ("perplexity", "retrieval"):
+            combined[section] += [r for r in result[section] if (r["attention"], r["budget"]) in configs]
+        seen |= configs
+    return combined
+
+
+def describe_lm_quality(result: Mapping) -> str:
+    """One Markdown line: the model, the GPU, the versions, the settings, the command and the commit."""
+    dense = result.get("dense_layers") or []
+    settings = ", ".join(f"{k} {result[k]}" for k in ("documents", "length", "block_size", "sinks", "window",
+                                                       "dtype") if k in result)
+    return (f"model `{result['model']}` on **{result['gpu']}**, torch {result['torch']}, triton {result['triton']}"
+            f"{', ' + result['date'] if result.get('date') else ''}: {settings}"
+            f"{', dense layers ' + str(list(dense)) if dense else ''}; `{result['command']}`; {commit_text(result)}")
+
+
+def lm_quality_tables(result: Mapping) -> dict:
+    """The sections of a :func:`load_lm_quality` result as pandas DataFrames, keyed by section name (``speed``
+    and ``recall`` only when present); budgets as nullable integers (``<NA>`` for ``sdpa`` and ``dense``).
+
+    - ``perplexity``: ``attention``, ``budget``, ``visited_fraction``, one ``bpb_<bucket>`` column per entry of
+      ``bits_per_byte`` (``bpb_all``, ``bpb_0-1k``, ...), ``documents``, ``seconds``;
+    - ``retrieval``: as written (``distance``, ``exact``, ``probes``, ``loss``, ...);
+    - ``recall``: ``attention``, ``budget``, ``layer``, ``visited_fraction``, ``recall_mean`` and ``recall_min``
+      over the query heads, and ``recall`` (the list per head);
+    - ``speed``: as written (:func:`topo_attn.prefill_speed.prefill_speed_rows`' rows).
+    """
+    import pandas as pd
+
+    def frame(rows: list[dict]):
+        table = pd.DataFrame(rows)
+        if "budget" in table:
+            table["budget"] = table["budget"].astype("Int64")
+        return table
+
+    perplexity = [{k: v for k, v in r.items() if k != "bits_per_byte"}
+                  | {f"bpb_{b}": v for b, v in r["bits_per_byte"].items()} for r in result["perplexity"]]
+    first = ["attention", "budget", "visited_fraction"]
+    tables = {"perplexity": frame(perplexity), "retrieval": frame(list(result["retrieval"]))}
+    bits = [c for c in tables["perplexity"] if c.startswith("bpb_")]
+    tables["perplexity"] = tables["perplexity"][first + bits + [c for c in tables["perplexity"]
+                                                                if c not in first + bits]]
+    if result.get("recall"):
+        tables["recall"] = frame([{k: v for k, v in r.items() if k != "recall"}
+                                  | {"recall_mean": sum(r["recall"]) / len(r["recall"]),
+                                     "recall_min": min(r["recall"]), "recall": list(r["recall"])}
+                                  for r in result["recall"]])
+    if result.get("speed"):
+        tables["speed"] = pd.DataFrame(result["speed"])
+    return tables
+
+
+def load_lm_research(path: str | Path) -> dict:
+    """The research step's results (``python -m topo_attn.lm research --out path``) as the parsed JSON; a
+    relative ``path`` is taken from the repository's root.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_research`` or has no list of ``rows``.
+    """
+    path, data = _read_results(path, "research results", "by `python -m topo_attn.lm research")
+    if not isinstance(data, dict) or data.get("suite") != LM_RESEARCH_SUITE or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected the research step's results (suite {LM_RESEARCH_SUITE!r} with rows)")
+    check_commit(path, data)
+    return data
+
+
+def load_lm_passkey(path: str | Path) -> dict:
+    """The passkey probe answered by generation (``python -m topo_attn.lm passkey --out path``) as the parsed
+    JSON; a relative ``path`` is taken from the repository's root (``topo_attn.lm.generation.markdown`` renders
+    it).
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_passkey_generate`` or has no list of ``rows``.
+    """
+    path, data = _read_results(path, "passkey-by-generation results", "by `python -m topo_attn.lm passkey")
+    if not isinstance(data, dict) or data.get("suite") != LM_PASSKEY_SUITE or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected the passkey-by-generation results (suite {LM_PASSKEY_SUITE!r} with rows)")
+    check_commit(path, data)
+    return data
+
+
+def lm_research_table(result: Mapping):
+    """A :func:`load_lm_research` result as a pandas DataFrame: one row per selector (in the file's order), one
+    column per budget, each cell ``"all / late"`` mean recall to three decimals."""
+    import pandas as pd
+
+    cells = {(r["selector"], r["budget"]): f"{r['recall']:.3f} / {r['late_recall']:.3f}" for r in result["rows"]}
+    selectors = list(dict.fromkeys(r["selector"] for r in result["rows"]))
+    budgets = sorted({r["budget"] for r in result["rows"]})
+    return pd.DataFrame([[cells.get((s, b), "") for b in budgets] for s in selectors], index=selectors,
+                        columns=[f"budget {b}" for b in budgets])

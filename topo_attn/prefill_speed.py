@@ -1,0 +1,198 @@
+"""A causal LM's prefill timed with each attention implementation: the rows of the benchmark's ``model`` suite
+(:mod:`topo_attn.bench.model`, a 1B-shaped Llama) and of the language-model study's ``speed`` section
+(:mod:`topo_attn.lm.study`, the kit's model). Both import it from here; it imports neither of them.
+
+:func:`prefill_speed_rows` times one prefill forward of ``seq_len`` random tokens
+(``model(ids, logits_to_keep=1, use_cache=False)`` under ``torch.no_grad()``) with each attention
+implementation of the same transformers model, switched with ``model.set_attn_implementation``, in this order:
+
+- the **no-attention floor** (:data:`FLOOR`): an attention that returns its values, so its time is everything
+  but attention (what sparsity cannot save);
+- ``sdpa``; the kit's backend (:mod:`topo_attn.integrations.transformers`) with ``dense``; then every selector
+  of the registry at a budget of ``n / 8`` blocks and at :data:`FIXED_BUDGET` blocks (2048 tokens with 64-token
+  blocks), or at ``topk`` blocks when given, with the given sinks and window, each key/value head's query heads
+  choosing together. Selectors whose scores need host syncs (``oracle``, the cluster selectors) run only up to
+  :data:`SLOW_SELECTORS_UP_TO` tokens; longer prefills give them a row with NaN and the reason;
+- ``flex_attention`` (transformers' own) last, when asked for.
+
+Each row gives the time, its ratio to SDPA and to FlexAttention, the **attention share**
+``(ms - floor) / (sdpa_ms - floor)`` (the row's attention over SDPA's, the rest of the model taken out), the
+visited fraction of the causal blocks (mean over layers), the largest difference of the last position's
+logits from SDPA's, the host syncs of one forward (counted with ``torch.cuda.set_sync_debug_mode``), and for the
+kit's rows, from one more forward with CUDA events around each layer's schedule and kernels
+(:func:`~topo_attn.integrations.transformers.record_timings`): the schedule's share of the attention time of the
+sparse layers and the host time per layer. Needs transformers (the ``lm`` extra), imported on use.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from .schedule import num_blocks
+
+FLOOR = "no attention"
+"""The label of the floor's row: the same model with an attention that returns its values."""
+
+FIXED_BUDGET = 32
+"""The fixed budget of extra blocks per query block (2048 tokens with 64-token blocks)."""
+
+SLOW_SELECTORS_UP_TO = 8192
+"""Selectors that wait for the host (not ``sync_free``: the oracle's full attention, the cluster selectors'
+numpy cuts) run up to this many tokens."""
+
+
+def calls_median_ms(fn: Callable[[], object], warmup: int = 1, repeats: int = 5) -> float:
+    """Median time of ``fn()`` in milliseconds over ``repeats`` calls after ``warmup`` calls (compilation and
+    autotuning happen there), each timed alone with CUDA events. For calls of tens of milliseconds and more,
+    where ``triton.testing.do_bench``'s five-call estimate would cost more than the measurement."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def no_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The floor's attention function: each query head's output is its key/value head's values
+    (``[B, L, H, D]``), as cheap as an attention can be while the rest of the model runs unchanged."""
+    group = query.shape[1] // value.shape[1]
+    return value.repeat_interleave(group, dim=1).transpose(1, 2).contiguous(), None
+
+
+def host_syncs(fn: Callable[[], object]) -> int:
+    """How many synchronising CUDA calls ``fn()`` makes (``torch.cuda.set_sync_debug_mode("warn")``)."""
+    import warnings
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _backends(block_size: int, sinks: int, window: int,
+              budgets: list[int]) -> list[tuple[str, str, str | None, int | None]]:
+    """(label, attn_implementation, selector, budget) of every row but FlexAttention's."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from . import selection
+    from .integrations import transformers as tat
+
+    AttentionInterface.register("topo_attn_prefill_floor", no_attention)
+    AttentionMaskInterface.register("topo_attn_prefill_floor",
+                                    partial(tat.plain_causal_mask, "topo_attn_prefill_floor"))
+    rows = [(FLOOR, "topo_attn_prefill_floor", None, None), ("sdpa", "sdpa", None, None)]
+    common = dict(block_size=block_size, sinks=sinks, window=window)
+    rows.append(("topo_attn dense", tat.register("dense", name="topo_attn_prefill_dense", **common), "dense", None))
+    for selector in selection.names("block"):
+        for budget in (budgets if selection.SELECTORS[selector].adds_blocks else budgets[:1]):
+            name = f"topo_attn_prefill_{selector}_{budget}"
+            rows.append((f"topo_attn {selector}", tat.register(selector, budget=budget, name=name, **common),
+                         selector, budget))
+    return rows
+
+
+def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch: int = 1, sinks: int = 1,
+                       window: int = 1, topk: int | None = None, median_ms: Callable = calls_median_ms,
+                       with_flex: bool = True) -> list[dict]:
+    """Rows (module docstring) of ``model`` (a transformers causal LM, in eval mode, on its device; left on
+    ``sdpa``) prefilling ``batch`` sequences of ``seq_len`` random tokens (seeded by ``seq_len``), named ``name``
+    in the rows' ``case``. The kit's backend uses blocks of ``block_size``, ``sinks`` and ``window``, and each
+    selector's budget is ``topk`` blocks when given, else both ``n / 8`` (at least 1) and :data:`FIXED_BUDGET`.
+    The heads, head dim and dtype recorded are the model's. ``median_ms(fn)`` times a call; FlexAttention (left
+    out without ``with_flex``) that fails is reported on stderr and its row holds NaN. The syncs and the
+    per-layer timings are measured on a GPU only (NaN elsewhere)."""
+    import transformers
+
+    from . import selection
+    from .integrations import transformers as tat
+
+    config = model.config
+    device = model.device
+    gen = torch.Generator().manual_seed(seq_len)
+    ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
+    nb = num_blocks(seq_len, block_size)
+    budgets = [topk] if topk is not None else sorted({max(1, nb // 8), FIXED_BUDGET})
+    backends = _backends(block_size, sinks, window, budgets)
+    if with_flex:  # last: its compilation is the slowest step, and a stall there leaves the other rows done
+        backends.append(("flex_attention", "flex_attention", None, None))
+    on_gpu = torch.device(device).type == "cuda"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+    def forward():
+        with torch.no_grad():
+            return model(ids, logits_to_keep=1, use_cache=False).logits
+
+    rows, reference = [], None
+    for label, implementation, selector, budget in backends:
+        row = dict(case=name, suite="model", attention=label, selector=selector, budget=budget,
+                   seq_len=seq_len, batch=batch, heads=config.num_attention_heads,
+                   kv_heads=config.num_key_value_heads, head_dim=head_dim, block_size=block_size,
+                   dtype=str(model.dtype).removeprefix("torch."), layers=config.num_hidden_layers,
+                   hidden=config.hidden_size, transformers=transformers.__version__, ms=float("nan"),
+                   visited_fraction=float("nan"), max_logit_diff=float("nan"), syncs=float("nan"),
+                   schedule_share=float("nan"), host_us_per_layer=float("nan"), skipped=None)
+        rows.append(row)
+        if (selector in selection.SELECTORS and not selection.SELECTORS[selector].sync_free
+                and seq_len > SLOW_SELECTORS_UP_TO):
+            row["skipped"] = f"its scores wait for the host; run up to {SLOW_SELECTORS_UP_TO} tokens"
+            continue
+        started = time.perf_counter()
+        try:
+            model.set_attn_implementation(implementation)
+            logits = forward().float()
+            if label == "sdpa":
+                reference = logits
+            if reference is not None:
+                row["max_logit_diff"] = (logits - reference).abs().max().item()
+            row["ms"] = median_ms(forward)
+            if selector is not None:
+                stats = tat.last_stats(implementation).values()
+                row["visited_fraction"] = sum(s.visited_fraction for s in stats) / len(stats)
+            if on_gpu:
+                row["syncs"] = host_syncs(forward)
+            if on_gpu and selector is not None:
+                tat.record_timings(implementation)
+                forward()
+                timed = tat.timings(implementation)
+                tat.record_timings(implementation, enabled=False)
+                row["schedule_share"] = (sum(t.select_ms for t in timed)
+                                         / sum(t.select_ms + t.kernel_ms for t in timed))
+                row["host_us_per_layer"] = 1e3 * sum(t.host_ms for t in timed) / len(timed)
+        except Exception as exc:  # as in the benchmark's suites: report, do not hide (the row shows NaN)
+            if implementation != "flex_attention":
+                raise
+            print(f"  {label} failed on {name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        # (on stderr as it goes: where the time went, compilation included, even if a later backend stalls)
+        print(f"  {name}, {label} {budget or ''}: {row['ms']:.1f} ms per prefill, "
+              f"{time.perf_counter() - started:.0f} s in all", file=sys.stderr, flush=True)
+    model.set_attn_implementation("sdpa")
+    return _with_ratios(rows)
+
+
+def _with_ratios(rows: list[dict]) -> list[dict]:
+    """``rows`` with ``vs_sdpa`` and ``vs_flex`` (each time over SDPA's and FlexAttention's) and
+    ``attention_share`` (``(ms - floor) / (sdpa - floor)``); NaN where a time is absent."""
+    times = {r["attention"]: r["ms"] for r in rows}
+    sdpa, flex = times.get("sdpa", float("nan")), times.get("flex_attention", float("nan"))
+    floor = times.get(FLOOR, float("nan"))
+    return [{**r, "floor_ms": floor, "vs_sdpa": r["ms"] / sdpa, "vs_flex": r["ms"] / flex,
+             "attention_share": (r["ms"] - floor) / (sdpa - floor)} for r in rows]

@@ -1,8 +1,9 @@
 """The package's architecture, read from its source with ``ast`` (imports inside functions included): no import
 cycles between modules of ``topo_attn``, nor between its layers (the root ``__init__``, top-level modules,
 subpackages); no private name (``_x``) of one package module imported or read by another, nor by the tests and
-notebooks; the kernel modules importing nothing of the host layer; ``import topo_attn`` loading none of the
-heavy optional libraries. Each check is a function over module sources, also run here on small synthetic
+notebooks; the kernel modules importing nothing of the host layer; the language-model study (``lm``) and the
+benchmark runner (``bench``) importing nothing of each other; ``import topo_attn`` loading none of the heavy
+optional libraries. Each check is a function over module sources, also run here on small synthetic
 packages that break it, so that each can fail."""
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backwar
 GPU_KERNELS = "topo_attn.topology.gpu"
 SELECTION_KERNELS = ("topo_attn.selection.quest_kernel",)
 HEAVY = ("matplotlib", "ipywidgets", "pandas", "triton")
+SEPARATE = ("topo_attn.lm", "topo_attn.bench")
+"""Subpackages that import nothing of each other: what both need (the commit of a result, the prefill timing)
+lies below them."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,19 @@ def kernel_imports_of_the_host(modules: dict[str, Module]) -> list[str]:
             if kernel_group(imp.importer) is not None and kernel_group(imp.target) != kernel_group(imp.importer)]
 
 
+def within(module: str, package: str) -> bool:
+    """Whether ``module`` is ``package`` or one of its modules."""
+    return module == package or module.startswith(package + ".")
+
+
+def imports_between_separate(modules: dict[str, Module], separate: tuple[str, ...] = SEPARATE) -> list[str]:
+    """Imports by a module of one of the ``separate`` subpackages of a module of another (its ``__init__``
+    included)."""
+    return [f"{imp.importer}:{imp.line} imports {imp.target}" for imp in imports(modules)
+            for a in separate for b in separate
+            if a != b and within(imp.importer, a) and within(imp.target, b)]
+
+
 def heavy_modules_loaded(statement: str) -> list[str]:
     """Which of :data:`HEAVY` are in ``sys.modules`` after ``statement`` runs in a fresh interpreter (no GPU
     visible, ``TRITON_INTERPRET`` unset)."""
@@ -318,6 +335,14 @@ def test_kernels_import_nothing_of_the_host_layer(modules):
     assert {kernel_group(m) for m in modules} >= {"attention kernels", "selection kernels", GPU_KERNELS}
     found = kernel_imports_of_the_host(modules)
     assert not found, "kernel modules importing outside their kernel group:\n" + "\n".join(found)
+
+
+def test_lm_and_bench_import_nothing_of_each_other(modules):
+    """The experiment layer (``topo_attn.lm``) does not import the benchmark runner (``topo_attn.bench``), nor
+    the other way round: each reads its own result files."""
+    assert {"topo_attn.lm.study", "topo_attn.bench.model"} <= set(modules)
+    found = imports_between_separate(modules)
+    assert not found, "imports between topo_attn.lm and topo_attn.bench:\n" + "\n".join(found)
 
 
 def test_import_topo_attn_loads_no_heavy_library():
@@ -395,6 +420,25 @@ def test_kernel_imports_of_the_host_are_found():
     assert sorted(kernel_imports_of_the_host(mods)) == [
         "topo_attn.attention.backward:2 imports topo_attn.attention.scheduled",
         "topo_attn.topology.gpu.pdl:2 imports topo_attn.schedule"]
+
+
+def test_imports_between_separate_subpackages_are_found():
+    mods = synthetic({
+        "topo_attn": "", "topo_attn.provenance": "", "topo_attn.lm": "", "topo_attn.bench": "",
+        "topo_attn.bench.results": "from ..provenance import code_version\n",
+        "topo_attn.bench.model": "",
+        "topo_attn.lm.study": ("from ..provenance import code_version\nfrom ..bench.results import ROOT\n"
+                               "def speed():\n    from topo_attn.bench import model\n"),
+        "topo_attn.lm.research": "import topo_attn.bench\n",
+        "topo_attn.lm.results": "from . import study\n",
+    }, packages=("topo_attn", "topo_attn.lm", "topo_attn.bench"))
+    assert sorted(imports_between_separate(mods)) == [
+        "topo_attn.lm.research:1 imports topo_attn.bench",
+        "topo_attn.lm.study:2 imports topo_attn.bench.results",
+        "topo_attn.lm.study:4 imports topo_attn.bench.model"]
+    mods["topo_attn.bench.results"] = Module("from ..lm import results\n")  # the other way round
+    assert "topo_attn.bench.results:1 imports topo_attn.lm.results" in imports_between_separate(mods)
+    assert imports_between_separate(mods, separate=("topo_attn.lm", "topo_attn.eviction")) == []
 
 
 def test_heavy_import_check_sees_a_heavy_import():

@@ -147,6 +147,16 @@ def lm_quality_tables(result: Mapping) -> dict:
     return tables
 
 
+def _load_rows(path: str | Path, suite: str, what: str, command: str) -> dict:
+    """The parsed JSON of a result file of ``suite`` with a list of ``rows`` (``what`` and ``command`` name it in
+    the messages), its commit checked."""
+    path, data = _read_results(path, f"{what} results", f"by `{command}")
+    if not isinstance(data, dict) or data.get("suite") != suite or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path}: expected the {what} results (suite {suite!r} with rows)")
+    check_commit(path, data)
+    return data
+
+
 def load_lm_research(path: str | Path) -> dict:
     """The research step's results (``python -m topo_attn.lm research --out path``) as the parsed JSON; a
     relative ``path`` is taken from the repository's root.
@@ -155,11 +165,7 @@ def load_lm_research(path: str | Path) -> dict:
         FileNotFoundError: there is no such file (the message names it).
         ValueError: the file is not of suite ``lm_research`` or has no list of ``rows``.
     """
-    path, data = _read_results(path, "research results", "by `python -m topo_attn.lm research")
-    if not isinstance(data, dict) or data.get("suite") != LM_RESEARCH_SUITE or not isinstance(data.get("rows"), list):
-        raise ValueError(f"{path}: expected the research step's results (suite {LM_RESEARCH_SUITE!r} with rows)")
-    check_commit(path, data)
-    return data
+    return _load_rows(path, LM_RESEARCH_SUITE, "research step's", "python -m topo_attn.lm research")
 
 
 def load_lm_passkey(path: str | Path) -> dict:
@@ -171,11 +177,7 @@ def load_lm_passkey(path: str | Path) -> dict:
         FileNotFoundError: there is no such file (the message names it).
         ValueError: the file is not of suite ``lm_passkey_generate`` or has no list of ``rows``.
     """
-    path, data = _read_results(path, "passkey-by-generation results", "by `python -m topo_attn.lm passkey")
-    if not isinstance(data, dict) or data.get("suite") != LM_PASSKEY_SUITE or not isinstance(data.get("rows"), list):
-        raise ValueError(f"{path}: expected the passkey-by-generation results (suite {LM_PASSKEY_SUITE!r} with rows)")
-    check_commit(path, data)
-    return data
+    return _load_rows(path, LM_PASSKEY_SUITE, "passkey-by-generation", "python -m topo_attn.lm passkey")
 
 
 def lm_research_table(result: Mapping):

@@ -498,6 +498,14 @@ def single_needle(filler: bytes | np.ndarray, distance: int, length: int, seed: 
     return _place(make, data, distance, length, rng, "single_needle", fmt)
 
 
+def _first_key_plan(fmt, keys, values) -> _Plan:
+    """The plan of a probe that asks for ``keys[0]``'s value: its line is the needle, the lines of the other
+    keys are decoys."""
+    needle, at = fmt.render(keys[0], values[0])
+    return _Plan(needle, at, (), tuple((fmt.render(k, v)[0],) for k, v in zip(keys[1:], values[1:])),
+                 fmt.ask.format(key=keys[0]).encode(), values[0].encode(), fmt.end.encode(), _protected(keys, values))
+
+
 def plain_needle(filler: bytes | np.ndarray, distance: int, length: int, seed: int | np.random.Generator,
                  format: str | None = None, *, decoys: int = 4) -> RetrievalProbe:
     """An ordinary assignment inside code, asked for later: not an outlier among the lines around it.
@@ -516,11 +524,7 @@ def plain_needle(filler: bytes | np.ndarray, distance: int, length: int, seed: i
     decoys = check_int("decoys", decoys, 0)
 
     def make(rng: np.random.Generator) -> _Plan:
-        keys, values = _code_names(rng, decoys + 1), _numbers(rng, decoys + 1, 1000, 100000)
-        needle, at = fmt.render(keys[0], values[0])
-        return _Plan(needle, at, (), tuple((fmt.render(k, v)[0],) for k, v in zip(keys[1:], values[1:])),
-                     fmt.ask.format(key=keys[0]).encode(), values[0].encode(), fmt.end.encode(),
-                     _protected(keys, values))
+        return _first_key_plan(fmt, _code_names(rng, decoys + 1), _numbers(rng, decoys + 1, 1000, 100000))
 
     return _place(make, data, distance, length, rng, "plain_needle", fmt)
 
@@ -540,11 +544,7 @@ def multi_key(filler: bytes | np.ndarray, distance: int, length: int, seed: int 
     keys, value_len = check_int("keys", keys, 2), check_int("value_len", value_len, 1)
 
     def make(rng: np.random.Generator) -> _Plan:
-        names, values = _identifiers(rng, keys), _hex(rng, keys, value_len)
-        needle, at = fmt.render(names[0], values[0])
-        return _Plan(needle, at, (), tuple((fmt.render(k, v)[0],) for k, v in zip(names[1:], values[1:])),
-                     fmt.ask.format(key=names[0]).encode(), values[0].encode(), fmt.end.encode(),
-                     _protected(names, values))
+        return _first_key_plan(fmt, _identifiers(rng, keys), _hex(rng, keys, value_len))
 
     return _place(make, data, distance, length, rng, "multi_key", fmt)
 

@@ -1,24 +1,13 @@
-"""The documentation runs as written: README.md and every page under docs/.
+"""The documentation runs as written: README.md and every page under docs/ (the conventions are on
+docs/development.md; in short):
 
-## Conventions for every page under docs/ (a test enforces them: tests/test_docs.py)
-- Pages are Markdown, wrapped at ~115 columns, plain and exact prose, tables where they help, each page starting
-  with a `# Title` and one paragraph saying what the page covers, and linking back to the front page
-  (`[README](../README.md)`) and to sibling pages by relative links (`[decoding](decoding.md)`). Every relative link
-  must resolve to an existing file (the test checks).
-- Every ```python fenced block is EXECUTED by the test: the blocks of one page run in order in one fresh Python
-  process (state carries from block to block, like a notebook), working directory = repository root,
-  TRITON_INTERPRET=1 set when there is no CUDA GPU. So each block must run as written on a 2-core CPU in the Triton
-  interpreter within seconds: small shapes (sequence lengths <= 512, head dim 64 or less), and pick the device with
-  `device = "cuda" if torch.cuda.is_available() else "cpu"` where a block must run on both.
-- A block that only makes sense on a GPU (long sequences, timings, Hopper kernels) is marked by the HTML comment
-  `<!-- gpu -->` alone on the line directly before its fence; the test skips it without CUDA (and runs it on the GPU
-  machine). Use this sparingly: a reader should find at least one runnable CPU example on each page that has code.
-- Every ```bash block: each line starting with `python -m topo_attn.` (or `.venv/bin/python -m topo_attn.`) is checked
-  by parsing its arguments with that entry point's `build_parser()` (another engineer is adding `build_parser()` to
-  every entry point now), so flags must be real. The commands are not run. Other lines are not checked.
-- Output, tables of numbers and anything not meant to run go in ```text fences.
-- Numbers: keep every measured figure with its GPU, the command that made it and the data file
-  (`data/benchmarks/<file>.json`). Do not invent numbers; copy them from the current README or read them from the JSON.
+- every ```python block runs: a page's blocks in order in one fresh process (state carries from block to block,
+  like a notebook), from the repository root, in Triton's interpreter when there is no GPU, so they use small
+  shapes; a block preceded by the line ``<!-- gpu -->`` runs only on a GPU (skipped, and reported so, without);
+- the README's first example runs alone on a CPU exactly as written and prints what the README says it prints;
+- every ``python -m topo_attn...`` line of a bash block parses with that entry point's ``build_parser()`` (the
+  commands are not run), so no documented flag is misspelt or gone;
+- relative links resolve, every page is reachable from the front page, and the README stays a front page.
 """
 
 

@@ -122,6 +122,13 @@ def rule_schedule(top: torch.Tensor, block_size: int, seq_len: int, sinks: int, 
     return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes)
 
 
+def budget_candidates(blocks: torch.Tensor, qb: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
+    """Whether key block ``blocks`` is a candidate of query block ``qb`` under the budget rule
+    (:func:`budget_schedule`): causal and outside the sinks and the window, ``sinks <= kb < qb - window``
+    (tensors that broadcast)."""
+    return (blocks >= sinks) & (blocks < qb - window)
+
+
 def budget_row_widths(qb, sinks: int, window: int, budget: int):
     """Blocks per row of the budget rule (:func:`budget_schedule`), by arithmetic, for the absolute query blocks
     ``qb`` (an int64 numpy array or torch tensor; the result is of the same kind): the sinks before the window,
@@ -169,7 +176,7 @@ def budget_schedule(chosen: torch.Tensor, block_size: int, seq_len: int, sinks: 
     window_slots = qb - window + torch.arange(window + 1, device=device)[None, :]
     window_slots = torch.where(window_slots >= 0, window_slots, nb)
     picks = chosen.reshape(lane_count, rows, budget)
-    picks = torch.where((picks >= sinks) & (picks < qb - window), picks, nb)  # the candidates among the picks
+    picks = torch.where(budget_candidates(picks, qb, sinks, window), picks, nb)  # the candidates among the picks
     base = torch.cat([sink_slots, window_slots], dim=1).expand(lane_count, rows, sinks + window + 1)
     slots = torch.cat([base, picks], dim=-1).sort(dim=-1).values  # the used slots first, in block order
     # CSR by arithmetic: the widths are known, the used slots lead each sorted row

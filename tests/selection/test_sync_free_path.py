@@ -12,7 +12,8 @@ import torch
 
 from topo_attn.rule import base_block_mask, budget_row_widths, budget_schedule
 from topo_attn.schedule import BlockSchedule, num_blocks
-from topo_attn.selection.stats import key_block_bounds, key_block_stats, query_block_means
+from topo_attn.selection.stats import key_block_bounds, query_block_means
+from topo_attn.topology import block_centroids
 from topo_attn.selection.topk import order_key, top_candidates
 
 
@@ -67,15 +68,16 @@ def test_order_key_orders_scores_then_lower_index():
     assert order == [7, 4, 0, 6, 1, 2, 5, 3]
 
 
-def test_key_block_stats_against_float64():
+def test_key_block_statistics_against_float64():
+    """What the selectors score against: the float32 centroids and bounds of bfloat16 keys, a partial last block."""
     gen = torch.Generator().manual_seed(1)
     k = torch.randn(2, 3, 70, 8, generator=gen).to(torch.bfloat16)
-    stats = key_block_stats(k, 16)
+    mean, (lo32, _) = block_centroids(k, 16, torch.float32), key_block_bounds(k, 16, torch.float32)
     ref = torch.nn.functional.pad(k.double(), (0, 0, 0, 10), value=float("nan")).unflatten(-2, (5, 16))
-    assert torch.allclose(stats.mean.double(), ref.nanmean(-2), atol=1e-6)
+    assert torch.allclose(mean.double(), ref.nanmean(-2), atol=1e-6)
     lo, hi = key_block_bounds(k, 16)
     assert torch.equal(lo, ref.nan_to_num(float("inf")).amin(-2)) and torch.equal(hi, ref.nan_to_num(-float("inf")).amax(-2))
-    assert stats.lo.dtype == torch.float32 and torch.equal(stats.lo.double(), lo)
+    assert lo32.dtype == torch.float32 and torch.equal(lo32.double(), lo)
 
 
 @pytest.mark.parametrize("length, offset", [(64, 0), (50, 0), (37, 27), (1, 99)])

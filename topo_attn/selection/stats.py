@@ -1,28 +1,17 @@
 """Per-block statistics that selectors score against: the mean, minimum and maximum of each block's rows.
 
-Key blocks give the centroid (``centroid``, ``topology``) and Quest's page bounds (the element-wise minimum and
-maximum); query blocks give the mean query (``centroid``), pooled over the query heads of a key/value head when
-the group chooses together. Every function reads the tensor in its own dtype and strides (no float copy of the
-keys), so a long cache costs one read per statistic; a partial last block counts its real rows only.
+Key blocks give the centroid (:func:`~topo_attn.block_centroids`, for ``centroid`` and ``topology``) and Quest's
+page bounds (:func:`key_block_bounds`, the element-wise minimum and maximum); query blocks give the mean query
+(``centroid``), pooled over the query heads of a key/value head when the group chooses together. Every function
+reads the tensor in its own dtype and strides (no float copy of the keys), so a long cache costs one read per
+statistic; a partial last block counts its real rows only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..topology import block_centroids
-
-
-@dataclass(frozen=True)
-class BlockStats:
-    """Key-block statistics of one layer: ``mean``, ``lo`` (element-wise minimum) and ``hi`` (maximum), each
-    ``[..., n, D]`` in one floating dtype."""
-
-    mean: torch.Tensor
-    lo: torch.Tensor
-    hi: torch.Tensor
 
 
 def key_block_bounds(k: torch.Tensor, block_size: int,
@@ -43,13 +32,6 @@ def key_block_bounds(k: torch.Tensor, block_size: int,
         lo_parts.append(tail.amin(-2, keepdim=True))
         hi_parts.append(tail.amax(-2, keepdim=True))
     return torch.cat(lo_parts, -2).to(dtype), torch.cat(hi_parts, -2).to(dtype)
-
-
-def key_block_stats(k: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32) -> BlockStats:
-    """:class:`BlockStats` of the keys ``[..., S, D]`` in blocks of ``block_size``: the centroids
-    (:func:`~topo_attn.block_centroids`, a Triton kernel on a GPU) and the bounds (:func:`key_block_bounds`)."""
-    lo, hi = key_block_bounds(k, block_size, dtype)
-    return BlockStats(block_centroids(k.detach(), block_size, dtype), lo, hi)
 
 
 def query_block_means(q: torch.Tensor, block_size: int, groups: int, dtype: torch.dtype = torch.float32,

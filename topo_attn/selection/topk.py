@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import torch
 
+from ..rule import budget_candidates
+
 _LOW_BITS = 32  # the reversed block index lives in the key's low 32 bits (n < 2**32)
 
 
 def candidate_mask(first: int, rows: int, nb: int, sinks: int, window: int, device) -> torch.Tensor:
-    """bool ``[rows, nb]``: block ``kb`` is a candidate of row ``r`` (absolute query block ``first + r``) when
-    ``sinks <= kb < first + r - window``."""
+    """bool ``[rows, nb]``: block ``kb`` is a candidate of row ``r`` (absolute query block ``first + r``)
+    (:func:`topo_attn.rule.budget_candidates`: ``sinks <= kb < first + r - window``)."""
     cols = torch.arange(nb, device=device)[None, :]
-    qb = torch.arange(first, first + rows, device=device)[:, None]
-    return (cols >= sinks) & (cols < qb - window)
+    return budget_candidates(cols, torch.arange(first, first + rows, device=device)[:, None], sinks, window)
 
 
 def order_key(scores: torch.Tensor) -> torch.Tensor:

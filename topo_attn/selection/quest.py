@@ -16,6 +16,12 @@ from .selector import Scorer, Selector, to_groups
 from .stats import key_block_bounds
 
 
+def page_bound(query: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Quest's bound ``relu(q) . hi + min(q, 0) . lo`` of every query ``[..., L, D]`` on every block of bounds
+    ``[..., n, D]``: ``[..., L, n]`` (one dtype throughout)."""
+    return query.clamp(min=0) @ hi.transpose(-1, -2) + query.clamp(max=0) @ lo.transpose(-1, -2)
+
+
 def _kernel_applies(q: torch.Tensor, block_size: int, dtype: torch.dtype) -> bool:
     return (q.is_cuda and dtype == torch.float32 and block_size >= 16 and block_size & (block_size - 1) == 0
             and q.shape[-1] <= 256)
@@ -24,20 +30,20 @@ def _kernel_applies(q: torch.Tensor, block_size: int, dtype: torch.dtype) -> boo
 def block_scores(q, k, block_size, groups, dtype, window: int = 0, **_) -> torch.Tensor:
     """The largest bound of each query block's queries (and group) on each key block: ``[B, groups, n, n]`` in
     ``dtype``. ``window``: on a GPU, the tiles of key blocks after a row's candidates are left ``-inf``."""
-    lo, hi = key_block_bounds(k, block_size, torch.float32 if dtype != torch.float64 else dtype)
-    lo, hi = to_groups(lo, groups).contiguous(), to_groups(hi, groups).contiguous()
+    lo, hi = key_block_bounds(k, block_size, torch.float64 if dtype == torch.float64 else torch.float32)
     if _kernel_applies(q, block_size, dtype):
         from .quest_kernel import quest_block_scores  # triton is imported on first use
 
+        lo, hi = to_groups(lo, groups).contiguous(), to_groups(hi, groups).contiguous()
         return quest_block_scores(q, lo, hi, block_size, window)
     seq, heads = q.shape[-2], q.shape[1]
     nb = lo.shape[-2]
     pad = nb * block_size - seq
-    query = q.detach().to(dtype)
-    lo, hi = (to_groups(t, heads) for t in (lo, hi))  # the group's heads, then the largest over them
-    bound = query.clamp(min=0) @ hi.transpose(-1, -2) + query.clamp(max=0) @ lo.transpose(-1, -2)  # [B, H, S, n]
+    query = q.detach().to(lo.dtype)
+    lo, hi = (to_groups(t, heads) for t in (lo, hi))  # every query head's bounds, then the group's largest
+    bound = page_bound(query, lo, hi)  # [B, H, S, n]
     bound = torch.nn.functional.pad(bound, (0, 0, 0, pad), value=float("-inf"))  # padding rows never win
-    bound = bound.unflatten(-2, (nb, block_size)).amax(-2)
+    bound = bound.unflatten(-2, (nb, block_size)).amax(-2).to(dtype)
     return bound.view(q.shape[0], groups, heads // groups, nb, nb).amax(2)
 
 
@@ -48,8 +54,7 @@ def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
     kv_heads = stats.centroids.shape[1]
     in_row = rows[None, :] == torch.arange(num_rows, device=q.device)[:, None]  # [R, L]
     grouped = q.detach().to(torch.float64).reshape(batch, kv_heads, heads // kv_heads, q_len, dim)
-    bound = (grouped.clamp(min=0) @ stats.hi[:, :, None].transpose(-1, -2)
-             + grouped.clamp(max=0) @ stats.lo[:, :, None].transpose(-1, -2))  # [B, H_kv, G, L, n]
+    bound = page_bound(grouped, stats.lo[:, :, None], stats.hi[:, :, None])  # [B, H_kv, G, L, n]
     bound = bound.amax(2)  # the group's largest
     masked = bound[:, :, None].masked_fill(~in_row[None, None, :, :, None], float("-inf"))  # [B, H_kv, R, L, n]
     return masked.amax(3)
@@ -57,11 +62,10 @@ def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
 
 def token_scores(q, k, block_size, scale, seed) -> Scorer:
     """``relu(q_t) . hi + min(q_t, 0) . lo`` in float64."""
-    lo, hi = (to_groups(t, q.shape[1]).transpose(-1, -2) for t in key_block_bounds(k, block_size))
+    lo, hi = (to_groups(t, q.shape[1]) for t in key_block_bounds(k, block_size))
 
     def scores(rows: slice) -> torch.Tensor:
-        query = q[..., rows, :].to(torch.float64)
-        return query.clamp(min=0) @ hi + query.clamp(max=0) @ lo
+        return page_bound(q[..., rows, :].to(torch.float64), lo, hi)
     return scores
 
 

@@ -128,7 +128,7 @@ class LayerStats:
 @dataclass(frozen=True)
 class LayerTiming:
     """One whole-sequence call of a layer, timed (:func:`record_timings`): ``host_ms``, the host's time in the
-    attention function (from entry to return, nothing waited for); ``select_ms`` and ``kernel_ms``, the GPU's
+    attention function from its entry until the kernels are launched (nothing waited for); ``select_ms`` and ``kernel_ms``, the GPU's
     time for the schedule (selection, or the dense schedule's lookup) and for the attention kernels, from CUDA
     events around each."""
 
@@ -283,8 +283,7 @@ def schedule_for(settings: Settings, layer_idx: int | None, query: torch.Tensor,
     (shared by all lanes) when ``settings.is_dense(layer_idx)``, else
     ``selection.select(settings.selector, query, key, block_size, sinks, window, budget, **options)`` on the
     detached tensors (lanes ``(B, Hkv)``, or ``(B, Hq)`` with ``per_query_head`` in the options), on the query's
-    device. ``scale``: the oracle's softmax
-    scale (``1 / sqrt(D)`` when None)."""
+    device. ``scale``: the oracle's softmax scale (``1 / sqrt(D)`` when None)."""
     seq_len = query.shape[-2]
     if settings.is_dense(layer_idx):
         return dense_causal_schedule(seq_len, settings.block_size, query.device)

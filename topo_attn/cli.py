@@ -5,10 +5,10 @@ is a terminal unless ``--progress`` / ``--no-progress`` says otherwise.
 An entry point module has ``build_parser()`` (its whole command line as an :class:`ArgumentParser`, ``prog`` set to
 how a user types it, with :func:`add_debug_argument` and, where a bar is drawn, :func:`add_progress_argument`) and
 ``main(argv) -> int``, which checks the values up front (:func:`check_option` around the kit's own validation,
-:func:`check_at_least`, or a :class:`UsageError`), and ends with ``raise SystemExit(run(main, prog=...))``. Exit codes: 0 done, 2 a usage
-error (argparse's own, :class:`UsageError`, or a ``ValueError`` / ``TypeError`` / ``FileNotFoundError`` /
-``NotADirectoryError`` from the kit's validation, whose messages name the argument), 1 any other failure,
-130 interrupted.
+:func:`check_at_least`, or a :class:`UsageError`), and ends with ``raise SystemExit(run(main, prog=...))``. Exit
+codes: 0 done, 2 a usage error (argparse's own, :class:`UsageError`, or a ``ValueError`` / ``TypeError`` /
+``FileNotFoundError`` / ``NotADirectoryError`` from the kit's validation, whose messages name the argument), 1 any
+other failure, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def error_message(error: BaseException) -> str:
 
 def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None, *, prog: str) -> int:
     """Call ``main(argv)`` (``sys.argv[1:]`` when None, ``--debug`` removed) and turn an exception into
-    ``{prog}: error: <message>`` on stderr with an exit code (module docstring); with ``--debug`` the
-    exception propagates with its traceback. argparse's own errors exit 2 as usual."""
+    ``{prog}: error: <message>`` on stderr with an exit code (module docstring); with ``--debug`` its traceback
+    is printed instead, with the same exit code. argparse's own errors exit 2 as usual."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv
     argv = [a for a in argv if a != DEBUG_FLAG]

@@ -502,7 +502,7 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
         raise ValueError(f"train_documents must be [N, {settings.length}], got {train_documents.shape}")
     train_parts = [document_parts(model, doc, settings)
                    for doc in tqdm(train_documents, desc="training documents",
-                                                      disable=not cli.progress_enabled(progress))]
+                                   disable=not cli.progress_enabled(progress))]
     lambdas, tuning = tune_lambdas(train_parts, settings)
     del train_parts
     # the evaluation documents are read only now, after the tuning

@@ -35,6 +35,7 @@ import torch
 from .._checks import check_finite, check_int, check_scale, check_tensor
 from ..schedule import num_blocks
 from ..selection.oracle import token_block_mass
+from ..selection.topk import ranked_candidates
 
 MASS_CHUNK = 256
 """Query rows per softmax in :func:`received_attention` (memory ``O(chunk * T)`` per lane)."""
@@ -262,11 +263,12 @@ def check_budget(config: EvictionConfig, length: int) -> None:
 def budget_rows(scores: torch.Tensor, keep: int, sinks: int, window: int) -> torch.Tensor:
     """The budget rule on the scores ``[B, H_kv, m]`` of the blocks of a cache (in increasing position): the
     positions (int64 ``[B, H_kv, keep]``, increasing) of the first ``sinks`` blocks, the last ``window`` ones and
-    the ``keep - sinks - window`` best-scored others, ties to the lower position (a stable sort)."""
+    the ``keep - sinks - window`` best-scored others, ties to the lower position (the selectors' ranking,
+    :func:`~topo_attn.selection.topk.ranked_candidates`)."""
     *lanes, m = scores.shape
     device = scores.device
-    candidates = scores[..., sinks:m - window]
-    order = torch.sort(candidates, dim=-1, descending=True, stable=True).indices[..., :keep - sinks - window]
+    every = torch.ones((), dtype=torch.bool, device=device)  # every block between the sinks and the window
+    order = ranked_candidates(scores[..., sinks:m - window], every, keep - sinks - window)
     chosen = torch.cat([torch.arange(sinks, device=device).expand(*lanes, sinks), order + sinks,
                         torch.arange(m - window, m, device=device).expand(*lanes, window)], dim=-1)
     return torch.sort(chosen, dim=-1).values

@@ -86,11 +86,17 @@ class SourceFile:
     sha256: str
 
 
+def hash_int(text: str) -> int:
+    """The first 8 bytes of ``sha256(text)`` as a little-endian unsigned integer: a place that depends on the
+    text only."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
 def is_validation(name: str, percent: int = VALIDATION_PERCENT) -> bool:
     """Whether the file called ``name`` is a validation file: the first 8 bytes of sha256(name), as an
-    unsigned integer, modulo 100, are below ``percent``. Deterministic, and independent of the file's bytes."""
-    digest = hashlib.sha256(name.encode()).digest()
-    return int.from_bytes(digest[:8], "little") % 100 < percent
+    unsigned integer (:func:`hash_int`), modulo 100, are below ``percent``. Deterministic, and independent of the
+    file's bytes."""
+    return hash_int(name) % 100 < percent
 
 
 def default_roots() -> list[tuple[str, Path]]:
@@ -152,8 +158,7 @@ def seeded_key(value: str, seed: int, purpose: str = "pack") -> int:
     """A place in a seeded order: the first 8 bytes, as a little-endian unsigned integer, of
     ``sha256(f"{purpose}:{seed}:{value}")``, ``value`` being a file's content hash (hex) or a package's name. It
     depends on the value, the seed and the purpose only, never on the other files."""
-    text = f"{purpose}:{check_int('seed', seed)}:{value}"
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    return hash_int(f"{purpose}:{check_int('seed', seed)}:{value}")
 
 
 def packing_order(files: list[SourceFile], seed: int) -> list[SourceFile]:

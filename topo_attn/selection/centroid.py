@@ -20,12 +20,13 @@ def block_scores(q, k, block_size, groups, dtype, **_) -> torch.Tensor:
 
 def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
     """The mean of each row's queries over the group's heads, dotted with the kept block centroids:
-    float64 ``[B, H_kv, R, complete]``."""
+    ``[B, H_kv, R, n]`` in the centroids' dtype (float64 for ``KeyBlockStats``), ``n`` the blocks the stats
+    hold."""
     batch, heads, q_len, dim = q.shape
-    kv_heads = stats.centroids.shape[1]
+    kv_heads, dtype = stats.centroids.shape[1], stats.centroids.dtype
     in_row = rows[None, :] == torch.arange(num_rows, device=q.device)[:, None]  # [R, L]
-    weights = in_row.to(torch.float64) / in_row.sum(-1, keepdim=True).clamp(min=1)  # the row's mean
-    grouped = q.detach().to(torch.float64).reshape(batch, kv_heads, heads // kv_heads, q_len, dim)
+    weights = in_row.to(dtype) / in_row.sum(-1, keepdim=True).clamp(min=1)  # the row's mean
+    grouped = q.detach().to(dtype).reshape(batch, kv_heads, heads // kv_heads, q_len, dim)
     mean = torch.einsum("rl,bkgld->bkrd", weights, grouped) / (heads // kv_heads)
     return mean @ stats.centroids.transpose(-1, -2)
 
@@ -37,4 +38,4 @@ def token_scores(q, k, block_size, scale, seed) -> Scorer:
 
 
 SELECTOR = Selector("centroid", "mean-pooled query of the query block . key-block centroid", block_scores,
-                    step_scores, token_scores, query_aware=True)
+                    step_scores, token_scores, query_aware=True, static_step=True)

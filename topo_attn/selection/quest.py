@@ -48,12 +48,12 @@ def block_scores(q, k, block_size, groups, dtype, window: int = 0, **_) -> torch
 
 
 def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
-    """The largest bound over each row's queries and the group's heads, from the kept bounds: float64
-    ``[B, H_kv, R, complete]``."""
+    """The largest bound over each row's queries and the group's heads, from the kept bounds: ``[B, H_kv, R, n]``
+    in the bounds' dtype (float64 for ``KeyBlockStats``), ``n`` the blocks the stats hold."""
     batch, heads, q_len, dim = q.shape
-    kv_heads = stats.centroids.shape[1]
+    kv_heads = stats.lo.shape[1]
     in_row = rows[None, :] == torch.arange(num_rows, device=q.device)[:, None]  # [R, L]
-    grouped = q.detach().to(torch.float64).reshape(batch, kv_heads, heads // kv_heads, q_len, dim)
+    grouped = q.detach().to(stats.lo.dtype).reshape(batch, kv_heads, heads // kv_heads, q_len, dim)
     bound = page_bound(grouped, stats.lo[:, :, None], stats.hi[:, :, None])  # [B, H_kv, G, L, n]
     bound = bound.amax(2)  # the group's largest
     masked = bound[:, :, None].masked_fill(~in_row[None, None, :, :, None], float("-inf"))  # [B, H_kv, R, L, n]
@@ -70,4 +70,5 @@ def token_scores(q, k, block_size, scale, seed) -> Scorer:
 
 
 SELECTOR = Selector("quest", "Quest's page bound: max over the block's queries of relu(q) . max(keys) + "
-                    "min(q, 0) . min(keys)", block_scores, step_scores, token_scores, query_aware=True)
+                    "min(q, 0) . min(keys)", block_scores, step_scores, token_scores, query_aware=True,
+                    static_step=True)

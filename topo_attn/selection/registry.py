@@ -29,14 +29,15 @@ def names(path: str | None = None, **flags: bool) -> tuple[str, ...]:
     return tuple(chosen)
 
 
-def get(name: object, path: str | None = None) -> Selector:
-    """The selector called ``name``, supporting ``path`` when given (see :func:`names`). Raises ``TypeError``
-    for a non-str name and ``ValueError`` naming the selectors there are."""
+def get(name: object, path: str | None = None, **flags: bool) -> Selector:
+    """The selector called ``name``, supporting ``path`` when given and with the flags given (see
+    :func:`names`). Raises ``TypeError`` for a non-str name and ``ValueError`` naming the selectors there are."""
     if not isinstance(name, str):
         raise TypeError(f"selector must be a str, got {type(name).__name__}")
-    allowed = names(path)
+    allowed = names(path, **flags)
     if name not in allowed:
         where = {None: "", "block": " over a whole sequence", "step": " at the end of a key cache",
                  "token": " per token"}[path]
+        where += "".join(f" ({flag}={value})" for flag, value in flags.items())
         raise ValueError(f"selector must be one of {list(allowed)}{where}, got {name!r}")
     return SELECTORS[name]

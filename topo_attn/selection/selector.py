@@ -17,7 +17,10 @@ The three score functions, each optional (higher is better):
 - ``step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> [B, H_kv, R, w]``, for ``L`` queries at the
   end of ``seq_len`` cached keys (decode, chunked prefill) from the cache's kept
   :class:`~topo_attn.selection.incremental.KeyBlockStats`: ``q [B, H, L, D]``, ``rows`` the row of each query
-  (int64 ``[L]``), row ``r`` the absolute query block ``first + r``; scores of blocks ``0 .. w - 1``.
+  (int64 ``[L]``), row ``r`` the absolute query block ``first + r``; scores of blocks ``0 .. w - 1``, in the
+  stats' dtype. A selector flagged ``static_step`` that adds blocks scores the same way from a static cache's
+  :class:`~topo_attn.selection.static_step.StaticBlockStats` (every one of its ``nb_max`` blocks, whatever their
+  state) without a host sync; there ``first`` and ``seq_len`` are int64 device tensors, not ints.
 - ``token_scores(q, k, block_size, scale, seed) -> (rows: slice) -> [B, H, len(rows), n]``, one query token at
   a time (what generation does; the evaluation of :mod:`topo_attn.lm.token_attention`).
 """
@@ -40,7 +43,10 @@ class Selector:
     """One selector (module docstring). ``query_aware``: it reads the queries; ``topology_aware``: it reads the
     key blocks' persistence (salience or clusters); ``sync_free``: its whole-sequence scores on a GPU wait for
     no host sync; ``adds_blocks``: it adds ``budget`` blocks per row (``window`` adds none); ``equal_budget``:
-    every row adds exactly ``min(budget, candidates)`` blocks (``topology_22``, #22's rule, adds fewer)."""
+    every row adds exactly ``min(budget, candidates)`` blocks (``topology_22``, #22's rule, adds fewer);
+    ``static_step``: it chooses a decode step from a static cache's statistics in fixed shapes, reading the
+    length from a device tensor (:func:`~topo_attn.selection.static_step.step_block_table`: one captured graph
+    serves every step)."""
 
     name: str
     description: str
@@ -52,6 +58,7 @@ class Selector:
     sync_free: bool = True
     adds_blocks: bool = True
     equal_budget: bool = True
+    static_step: bool = False
 
 
 def to_groups(stats: torch.Tensor, groups: int) -> torch.Tensor:

@@ -20,4 +20,4 @@ def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
 
 
 SELECTOR = Selector("window", "sinks and window only (no extra blocks)", block_scores, step_scores,
-                    adds_blocks=False)
+                    adds_blocks=False, static_step=True)

@@ -1,0 +1,225 @@
+"""Selection for one decode step over a static (preallocated) key cache: fixed shapes, no host sync.
+
+With a static cache ``[B, H_kv, S_max, D]`` one captured CUDA graph (or one ``torch.compile`` graph) serves every
+decode step, so nothing a step does may depend on the cache's length as a Python int: every shape follows from
+``S_max``, the block size and the rule's sizes, and the length is read from a device tensor.
+
+:class:`StaticBlockStats` keeps the statistics of :class:`~topo_attn.selection.incremental.KeyBlockStats` (each
+key block's centroid, element-wise minimum and maximum) in buffers of ``nb_max = ceil(S_max / block_size)``
+blocks allocated once; :meth:`~StaticBlockStats.update` recomputes in place the blocks a step wrote.
+:func:`step_block_table` gives the step's key blocks per key/value head as a table of fixed width: the rule's
+base (the sinks, the window and the query's own block) and the ``budget`` best candidates, scored by the
+selector's own step scores over every block and masked against the device length. Its rows hold the blocks of
+:func:`~topo_attn.selection.incremental.select_for_queries` for the same step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_int, check_tensor
+from ..rule import budget_candidates
+from ..schedule import num_blocks
+from ..topology.persistence import block_means
+from .registry import get, names
+from .stats import key_block_bounds
+from .topk import ranked_candidates
+
+STATIC_SELECTORS = names("step", static_step=True)
+"""The selectors :func:`step_block_table` supports (the registry's ``static_step`` flag)."""
+
+_STATS_DTYPES = (torch.float32, torch.float64)
+
+
+def _is_integer_tensor(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _check_position(name: str, value: object, device: torch.device) -> torch.Tensor:
+    """A position or length: an integer tensor of one element on ``device`` (metadata only, never its value)."""
+    value = check_tensor(name, value)
+    if not _is_integer_tensor(value):
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.numel() != 1:
+        raise ValueError(f"{name} must hold one element, got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but the statistics are on {device}; they must be on one "
+                         f"device (a host tensor would make the step wait)")
+    return value
+
+
+class StaticBlockStats:
+    """Per key block statistics of one layer's static key cache ``[B, H_kv, S_max, D]``, in buffers allocated
+    once (a CUDA graph captures their storage): ``centroids``, ``lo``, ``hi``, ``[B, H_kv, nb_max, D]`` in
+    ``dtype``, the mean, element-wise minimum and maximum of each block's keys (as
+    :class:`~topo_attn.selection.incremental.KeyBlockStats`), ``nb_max = ceil(S_max / block_size)``.
+
+    A block is as fresh as the last :meth:`update` that touched it: complete blocks hold their statistics, the
+    block being filled its partial ones (its keys so far), later blocks anything (zeros, or what an earlier
+    sequence left). Updates must cover the cache from position 0 on, each starting at or before the previous
+    one's end (append, or rewrite from an earlier position).
+
+    Arguments:
+        batch, kv_heads, max_len, head_dim: the cache's sizes ``B, H_kv, S_max, D``, ints ``>= 1``.
+        block_size: tokens per block, ``>= 1``.
+        dtype: the statistics' dtype, float32 (default) or float64 (exact comparisons).
+        device: where the buffers live (the cache's device).
+
+    Raises:
+        TypeError: a non-int size or another dtype. ValueError: a size below 1.
+    """
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, block_size: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        sizes = [check_int(name, value, 1) for name, value in (("batch", batch), ("kv_heads", kv_heads),
+                                                                 ("max_len", max_len), ("head_dim", head_dim))]
+        self.block_size = check_int("block_size", block_size, 1)
+        if dtype not in _STATS_DTYPES:
+            raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        batch, kv_heads, self.max_len, head_dim = sizes
+        shape = (batch, kv_heads, num_blocks(self.max_len, self.block_size), head_dim)
+        self.centroids, self.lo, self.hi = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(3))
+
+    @classmethod
+    def for_cache(cls, keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32) -> StaticBlockStats:
+        """Statistics for the static key cache ``keys`` ``[B, H_kv, S_max, D]`` (its sizes and device)."""
+        keys = check_tensor("keys", keys)
+        if keys.ndim != 4:
+            raise ValueError(f"keys must have shape [B, H_kv, S_max, D], got shape {tuple(keys.shape)}")
+        return cls(*keys.shape, block_size, dtype, keys.device)
+
+    @property
+    def num_blocks(self) -> int:
+        """``nb_max``: the blocks the buffers hold."""
+        return self.lo.shape[-2]
+
+    def update(self, keys: torch.Tensor, start: torch.Tensor, q_len: int) -> StaticBlockStats:
+        """Recompute, in place, the blocks that positions ``start .. start + q_len - 1`` touched, from the keys at
+        positions ``< start + q_len`` (later positions are never read into a statistic, whatever they hold).
+
+        Fixed shapes: ``ceil((q_len - 1) / block_size) + 1`` blocks from ``start // block_size`` (clamped to the
+        last block) whatever ``start`` is, so a prefill (``q_len`` large) and a decode step (``q_len = 1``) each
+        trace to one graph.
+
+        Arguments:
+            keys: the whole static cache ``[B, H_kv, S_max, D]``, floating, on the statistics' device.
+            start: integer tensor of one element on that device, the position of the step's first key.
+            q_len: the keys written this step, an int in ``1 .. S_max`` (the step's static shape).
+
+        Returns:
+            ``self``.
+
+        Raises:
+            TypeError, ValueError: an argument that does not fit (before anything is read or written).
+        """
+        q_len = self._check_update(keys, start, q_len)
+        bs, dtype, device = self.block_size, self.lo.dtype, self.lo.device
+        start = start.reshape(()).to(torch.int64)
+        end = (start + q_len).clamp(max=self.max_len)  # positions < end are keys
+        touched = -(-(q_len - 1) // bs) + 1  # the most blocks q_len consecutive positions touch
+        blocks = (start // bs + torch.arange(touched, device=device)).clamp(max=self.num_blocks - 1)
+        block_start = blocks * bs
+        positions = block_start[:, None] + torch.arange(bs, device=device)  # [T, bs]
+        valid = positions < end
+        # -- every block's rows, a row past the end read as the block's first key: the minimum and maximum stay
+        #    exact (a block holding any key holds its first), the sums leave those rows out
+        rows = torch.where(valid, positions, block_start[:, None]).reshape(-1)
+        block_keys = keys.detach().index_select(2, rows)  # [B, H_kv, T * bs, D]
+        lo, hi = key_block_bounds(block_keys, bs, dtype)
+        # block_means is block_centroids' torch path (no Triton launch inside a traced step): the sum of the
+        # block's keys over bs, turned into the mean of its count
+        count = (end - block_start).clamp(min=0, max=bs)
+        means = block_means(torch.where(valid.reshape(-1, 1), block_keys, 0), bs, dtype)
+        centroids = means * (bs / count.clamp(min=1).to(dtype))[:, None]
+        empty = (count == 0)[:, None]  # a block past the end (the last of T when start is aligned): zeros
+        for buffer, value in ((self.centroids, centroids), (self.lo, lo), (self.hi, hi)):
+            buffer.index_copy_(2, blocks, value.masked_fill(empty, 0))
+        return self
+
+    def _check_update(self, keys: object, start: object, q_len: object) -> int:
+        keys = check_tensor("keys", keys)
+        batch, kv_heads, _, head_dim = self.lo.shape
+        expected = (batch, kv_heads, self.max_len, head_dim)
+        if tuple(keys.shape) != expected:
+            raise ValueError(f"keys must be the whole static cache of shape {list(expected)}, got shape "
+                             f"{tuple(keys.shape)}")
+        if not keys.is_floating_point():
+            raise TypeError(f"keys must be a floating-point tensor, got {keys.dtype}")
+        if keys.device != self.lo.device:
+            raise ValueError(f"keys are on {keys.device} but the statistics are on {self.lo.device}")
+        _check_position("start", start, self.lo.device)
+        q_len = check_int("q_len", q_len, 1)
+        if q_len > self.max_len:
+            raise ValueError(f"q_len must be <= the cache's {self.max_len} positions, got {q_len}")
+        return q_len
+
+
+def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, length: torch.Tensor,
+                     sinks: int = 1, window: int = 1, budget: int = 4) -> torch.Tensor:
+    """The key blocks of one decode step per key/value head, in fixed shape, without a host sync.
+
+    The query sits at position ``length - 1``, in block ``qb = (length - 1) // block_size``. Each row holds the
+    blocks of :func:`~topo_attn.selection.incremental.select_for_queries`'s row for the step: the sinks before the
+    window (``kb < min(sinks, qb - window)``), the window ``max(0, qb - window) .. qb``, and the ``budget``
+    best-scored candidates ``sinks <= kb < qb - window`` (all complete blocks; ranked as
+    :func:`~topo_attn.selection.topk.ranked_candidates` ranks them: ties to the lower block), each at most
+    once, ``-1`` in every other slot; the order inside a row is not specified. The query heads of a group choose
+    together. Scores come from the selector's step scores over all ``nb_max`` blocks in the statistics' dtype;
+    the candidates are masked against the device ``length``.
+
+    Arguments:
+        selector: one of :data:`STATIC_SELECTORS`.
+        q: ``[B, H, 1, D]``, floating, one query per sequence, ``H`` a multiple of the statistics' ``H_kv``.
+        stats: the cache's :class:`StaticBlockStats`, updated for this step (its keys up to ``length``).
+        length: integer tensor of one element on the statistics' device: the valid keys, this query's included
+            (``1 <= length <= S_max``; not checked: that would read the device).
+        sinks, window, budget: ints ``>= 0``, as in :func:`~topo_attn.selection.select`.
+
+    Returns:
+        int32 ``[B, H_kv, sinks + window + 1 + budget]`` on the statistics' device.
+
+    Raises:
+        ValueError: a selector without a static step, shapes or devices that do not fit, a negative size.
+        TypeError: a non-str selector, statistics of another kind, a non-integer ``length``, a non-int size.
+    """
+    chooser = get(selector, "step", static_step=True)
+    _check_step(q, stats, length)
+    sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
+    bs, nb, device = stats.block_size, stats.num_blocks, stats.lo.device
+    batch, kv_heads = stats.lo.shape[:2]
+    length = length.reshape(()).to(torch.int64)
+    qb = (length - 1) // bs  # the query's block
+    # -- the base, by arithmetic: the sinks before the window, then the window up to the query's block
+    sink_slots = torch.arange(sinks, device=device)
+    sink_slots = torch.where(sink_slots < qb - window, sink_slots, -1)
+    window_slots = qb - window + torch.arange(window + 1, device=device)
+    window_slots = torch.where(window_slots >= 0, window_slots, -1)
+    base = torch.cat([sink_slots, window_slots]).expand(batch, kv_heads, sinks + window + 1)
+    # -- the budget: the best candidates by the selector's scores of every block; slots left over hold -1
+    take = min(budget, nb) if chooser.adds_blocks else 0
+    parts = [base]
+    if take:
+        rows = torch.zeros(1, dtype=torch.int64, device=device)  # one row: the query's block
+        scores = chooser.step_scores(q, stats, qb, rows, 1, length, 0)[..., 0, :]  # [B, H_kv, nb]
+        blocks = torch.arange(nb, device=device)
+        best = ranked_candidates(scores, budget_candidates(blocks, qb, sinks, window), take)
+        parts.append(torch.where(budget_candidates(best, qb, sinks, window), best, -1))
+    parts.append(torch.full((batch, kv_heads, budget - take), -1, dtype=torch.int64, device=device))
+    return torch.cat(parts, dim=-1).to(torch.int32)
+
+
+def _check_step(q: object, stats: object, length: object) -> None:
+    if not isinstance(stats, StaticBlockStats):
+        raise TypeError(f"stats must be a StaticBlockStats, got {type(stats).__name__}")
+    q = check_tensor("q", q)
+    batch, kv_heads, _, head_dim = stats.lo.shape
+    if q.ndim != 4 or q.shape[2] != 1:
+        raise ValueError(f"q must have shape [B, H, 1, D] (one query per sequence), got shape {tuple(q.shape)}")
+    if not q.is_floating_point():
+        raise TypeError(f"q must be a floating-point tensor, got {q.dtype}")
+    if q.shape[0] != batch or q.shape[3] != head_dim or q.shape[1] == 0 or q.shape[1] % kv_heads:
+        raise ValueError(f"q must have shape [{batch}, a multiple of {kv_heads}, 1, {head_dim}] to fit the "
+                         f"statistics' [B, H_kv, nb_max, D] = {list(stats.lo.shape)}, got shape {tuple(q.shape)}")
+    if q.device != stats.lo.device:
+        raise ValueError(f"q is on {q.device} but the statistics are on {stats.lo.device}")
+    _check_position("length", length, stats.lo.device)

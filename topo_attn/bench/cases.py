@@ -63,5 +63,9 @@ SUITES: dict[str, list[Case]] = {
     # one query token against a 32k / 128k key/value cache: the split-K decode path against SDPA's and
     # FlexAttention's dense decoding, dense and 1/8 schedules (topo_attn.bench.decode)
     "decode": [decode_case(N, 64, B=B) for B in (1, 8) for N in (32768, 131072)],
+    # greedy generate() after a 32k / 128k context with a static cache and the compiled step: the recipe (SDPA),
+    # the kit dense and its fixed-shape selectors at a 2048-token budget (topo_attn.bench.generate)
+    "generate": [Case(f"Llama-1B-shape B{B} S{S // 1024}k b64", B, 32, 8, S, 64, 64, "bfloat16")
+                 for B in (1, 8) for S in (32768, 131072)],
 }
 """Suite name -> its cases, in the order they run."""

@@ -1,9 +1,10 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode|generate``.
 
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
 ``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, ``decode`` (one query token
 against a 32k / 128k key/value cache, the kit's decode path against SDPA and FlexAttention, with the HBM
-bandwidth reached and the suite's goals), with a progress bar on stderr naming the case that runs when stderr
+bandwidth reached and the suite's goals), ``generate`` (time per token of greedy ``generate()`` with a static
+cache and the compiled step, against transformers' own recipe), with a progress bar on stderr naming the case that runs when stderr
 is a terminal (``--progress`` / ``--no-progress`` force it on or off; ``--no-flex`` leaves FlexAttention out of
 ``llm``, ``train``, ``model`` and ``decode``). Prints the suite's markdown table on stdout and writes JSON (the
 GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
@@ -30,6 +31,7 @@ from ..provenance import code_version
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
 from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
+from .generate import generate_markdown, run_generate_case
 from .kernel import kernel_markdown, run_kernel_case
 from .model import model_markdown, run_model_case
 from .results import RESULTS_DIR
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             found = run_select_case(case, median_ms)
         elif args.suite == "model":
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex)
+        elif args.suite == "generate":
+            found = run_generate_case(case)
         elif args.suite == "decode":
             timer = graph_median_ms if args.timer == "graph" else median_ms
             found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
-              "decode": decode_markdown}
+              "decode": decode_markdown, "generate": generate_markdown}
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()

@@ -39,8 +39,15 @@ What the attention function does, per layer and call (query ``[B, Hq, q_len, D]`
 Raises ``ValueError`` (rather than answering wrongly) for: a padding mask with any zero (left or right padding,
 batched generation of prompts of different lengths), packed sequences (``position_ids`` that restart), a 4-D
 mask handed in by the caller, sliding-window or chunked attention (a config with ``sliding_window``, a
-``sliding_window`` keyword), non-causal attention, static or sliding-window caches (the cache would hold slots
-that are not yet written), attention dropout in training, logit soft-capping and attention sinks (``s_aux``).
+``sliding_window`` keyword), non-causal attention, sliding-window caches, transformers' plain ``StaticCache``
+(its buffers hold slots not yet written, and the backend needs their length), attention dropout in training,
+logit soft-capping and attention sinks (``s_aux``).
+
+Static caches: with a :class:`topo_attn.integrations.static_cache.TopoStaticCache` the mask function hands
+the attention function :func:`static_cache_marker`, and a one-token step runs over the preallocated buffers
+with the layer's length read on the device (:func:`~topo_attn.attention.static_decode.static_decode`, the
+block list from :func:`~topo_attn.selection.static_step.step_block_table`), so transformers' "static cache +
+compiled forward" recipe captures the whole step; the prefill reads the length on the host once per layer.
 
 Statistics: :func:`last_stats` gives, per layer, the visited fraction of the causal blocks in the layer's last
 call (recorded on every call at no extra cost: the schedule's sizes are known on the host).
@@ -65,9 +72,10 @@ from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
-__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "DenseDecodeWarning", "LayerStats", "LayerTiming", "Settings",
-           "check_attention_call", "check_backend_name", "last_stats", "plain_causal_mask", "record_timings",
-           "register", "registered", "schedule_for", "step_schedule", "timings", "visited_totals"]
+__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "STATIC_STATE_ATTRIBUTE", "DenseDecodeWarning", "LayerStats",
+           "LayerTiming", "Settings", "check_attention_call", "check_backend_name", "is_static_cache_marker",
+           "last_stats", "plain_causal_mask", "record_timings", "register", "registered", "schedule_for",
+           "static_cache_marker", "step_schedule", "timings", "visited_totals"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -86,6 +94,24 @@ class DenseDecodeWarning(UserWarning):
 BLOCK_STATS_ATTRIBUTE = "topo_block_stats"
 """The attribute of a key tensor handed to the attention function under which a cache
 (:class:`topo_attn.integrations.cache.TopoCache`) puts a function ``block_size -> KeyBlockStats`` for that layer."""
+
+STATIC_STATE_ATTRIBUTE = "topo_static_state"
+"""The attribute of a layer's key buffer under which a
+:class:`topo_attn.integrations.static_cache.TopoStaticCache` puts that layer's
+:class:`~topo_attn.integrations.static_cache.StaticLayerState` (its device-side length and block statistics)."""
+
+
+def static_cache_marker(device) -> torch.Tensor:
+    """What the mask function hands the attention function for a static (preallocated) cache: an empty
+    ``[0, 0, 0, 0]`` bool tensor (transformers passes 4-D masks through unchanged; no mask a model builds has
+    this shape), telling it that the keys are a buffer of ``max_cache_len`` slots of which only the layer's
+    length is valid."""
+    return torch.empty((0, 0, 0, 0), dtype=torch.bool, device=device)
+
+
+def is_static_cache_marker(mask) -> bool:
+    """Whether ``mask`` is :func:`static_cache_marker`'s tensor (shapes only: no device read)."""
+    return isinstance(mask, torch.Tensor) and mask.shape == (0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -335,10 +361,12 @@ def _causal_block_pairs(first_row: int, last_row: int) -> int:
 def plain_causal_mask(name: str, batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
                       mask_function=None, attention_mask: torch.Tensor | None = None, **kwargs) -> None:
     """transformers' mask function for ``name`` (registered as ``partial(plain_causal_mask, name)``; also by
-    other backends that apply the causal mask themselves): always ``None`` (the kernels apply the causal mask
-    and the schedule themselves), after checking that the mask asked for is plain causal attention over the whole
-    cache. Raises ``ValueError`` for padding, packed sequences, sliding-window, chunked or bidirectional masks
-    and caches whose length is not ``q_offset + q_length`` (static and sliding-window caches)."""
+    other backends that apply the causal mask themselves): ``None`` (the kernels apply the causal mask and the
+    schedule themselves), or :func:`static_cache_marker` for a static cache (``q_offset`` a device tensor),
+    after checking that the mask asked for is plain causal attention over the whole cache. Raises
+    ``ValueError`` for padding, packed sequences, sliding-window, chunked or bidirectional masks and dynamic
+    caches whose length is not ``q_offset + q_length`` (sliding-window caches). A padded mask at a one-token
+    step of a static cache fails a device-side assertion instead (no host wait on a compiled step)."""
     from transformers.masking_utils import causal_mask_function
 
     if mask_function is not causal_mask_function:
@@ -347,11 +375,23 @@ def plain_causal_mask(name: str, batch_size: int, q_length: int, kv_length: int,
             f"attn_implementation {name!r} supports plain causal attention only, but the model asks for another "
             f"mask ({described}): sliding-window or chunked attention, packed sequences (position_ids that "
             f"restart), bidirectional attention or a custom mask function are not supported")
+    padding = (f"attn_implementation {name!r} does not support padding: the attention_mask holds zeros (padded "
+               f"tokens); pass sequences of equal length without padding, one at a time, or use another "
+               f"attn_implementation for padded batches")
+    static = isinstance(q_offset, torch.Tensor) or (kv_offset == 0 and kv_length > q_offset + q_length)
+    if static:  # a preallocated cache: its length lives on the device (an int 0 before its first update)
+        if kv_offset != 0 or kv_length < q_length:
+            raise ValueError(f"attn_implementation {name!r} supports static caches of full attention only; this "
+                             f"cache gives kv_length={kv_length}, kv_offset={kv_offset} for {q_length} new tokens")
+        if attention_mask is not None:
+            if q_length > 1:  # a prefill (eager): checked on the host
+                if not bool(attention_mask.all()):
+                    raise ValueError(padding)
+            else:  # a decode step, perhaps compiled: checked on the device, no wait
+                torch._assert_async(attention_mask.all(), padding)
+        return static_cache_marker(kwargs.get("device", getattr(q_offset, "device", None)))
     if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError(
-            f"attn_implementation {name!r} does not support padding: the attention_mask holds zeros (padded "
-            f"tokens); pass sequences of equal length without padding, one at a time, or use another "
-            f"attn_implementation for padded batches")
+        raise ValueError(padding)
     q_offset = int(q_offset)
     if kv_offset != 0 or kv_length != q_offset + q_length:
         raise ValueError(
@@ -365,7 +405,7 @@ def plain_causal_mask(name: str, batch_size: int, q_length: int, kv_length: int,
 def check_attention_call(name: str, module, attention_mask, dropout: float, kwargs: dict) -> None:
     """What the kernels cannot do, raised instead of silently ignored: ``ValueError`` for a mask handed in,
     attention dropout, sliding windows, soft-capping, attention sinks and non-causal modules."""
-    if attention_mask is not None:
+    if attention_mask is not None and not is_static_cache_marker(attention_mask):
         raise ValueError(
             f"attn_implementation {name!r} got an attention mask of shape {tuple(attention_mask.shape)}; it "
             f"supports plain causal attention only (its mask function hands the model none): a 4-D or custom "
@@ -394,6 +434,9 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     backend = _REGISTRY[name]
     settings = backend.settings
     check_attention_call(name, module, attention_mask, dropout, kwargs)
+    state = getattr(key, STATIC_STATE_ATTRIBUTE, None)
+    if state is not None or is_static_cache_marker(attention_mask):
+        return _static_cache_attention(name, module, state, query, key, value, scaling, dropout, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[-2]
@@ -453,6 +496,48 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     done = backend.totals.get(path, (0, 0, 0))
     backend.totals[path] = (done[0] + scheduled, done[1] + causal, done[2] + 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _static_cache_attention(name: str, module: torch.nn.Module, state, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, scaling: float | None, dropout: float,
+                            kwargs: dict) -> tuple[torch.Tensor, None]:
+    """The attention function over a static cache's buffers ``key, value [B, H_kv, max_cache_len, D]`` with the
+    layer's :class:`~topo_attn.integrations.static_cache.StaticLayerState` ``state`` (whose ``length`` counts
+    the valid keys, this call's included):
+
+    - a one-token step of a dense layer or of a selector with a fixed-shape step
+      (:data:`~topo_attn.selection.static_step.STATIC_SELECTORS`), and a step of up to 16 tokens of a dense
+      layer: :func:`~topo_attn.attention.static_decode.static_decode` over the buffers, the selection by
+      :func:`~topo_attn.selection.static_step.step_block_table`; nothing is read back, so a compiled step
+      captures it whole (no :func:`last_stats` entry is recorded for such a step: its visited blocks are known
+      on the device only);
+    - anything else (the prefill, a chunk, a selector without a fixed-shape step): the valid keys, whose count
+      is read on the host once, through the dynamic-cache path.
+
+    The block statistics of a sparse layer are updated for the blocks this call writes, in every case."""
+    from ..attention.decode import MAX_DECODE_QUERIES
+    from ..attention.static_decode import static_decode
+    from ..selection.static_step import STATIC_SELECTORS, step_block_table
+
+    if state is None:
+        raise ValueError(f"attn_implementation {name!r} needs a TopoStaticCache "
+                         f"(topo_attn.integrations.static_cache) for a static cache, not a plain StaticCache")
+    settings = _REGISTRY[name].settings
+    layer_idx = getattr(module, "layer_idx", None)
+    q_len = query.shape[-2]
+    dense = settings.is_dense(layer_idx)
+    stats = None
+    if not dense and settings.selector in STATIC_SELECTORS:
+        stats = state.block_stats(key, settings.block_size)
+        stats.update(key, state.length - q_len, q_len)
+    if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
+        table = None if dense else step_block_table(settings.selector, query, stats, state.length, settings.sinks,
+                                                    settings.window, settings.budget)
+        out = static_decode(query, key, value, state.length, table, settings.block_size, scaling)
+        return out.transpose(1, 2).contiguous(), None
+    valid = int(state.length)  # one read on the host: an eager call (the prefill, a chunk)
+    return _attention(name, module, query, key[..., :valid, :], value[..., :valid, :], None, scaling, dropout,
+                      **kwargs)
 
 
 def _block_stats(key: torch.Tensor, block_size: int) -> KeyBlockStats:

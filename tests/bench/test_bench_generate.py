@@ -1,0 +1,63 @@
+"""The ``generate`` suite's CPU-side pieces: a tiny Llama through the whole case (the kit's backend in Triton's
+interpreter; transformers does not compile the step on a CPU), the static cache filled and rewound, the bytes
+floor, the rows and the markdown table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from topo_attn.bench.cases import SUITES, Case
+
+pytest.importorskip("transformers", minversion="5")
+
+TINY = dict(num_hidden_layers=2, intermediate_size=128, vocab_size=96)
+
+
+def test_generate_suite_is_the_issue_case():
+    cases = SUITES["generate"]
+    assert [(c.batch, c.seq_len) for c in cases] == [(1, 32768), (1, 131072), (8, 32768), (8, 131072)]
+    assert all((c.heads, c.kv_heads, c.head_dim, c.block_size, c.dtype) == (32, 8, 64, 64, "bfloat16")
+               for c in cases)
+
+
+def test_generate_case_rows_on_a_tiny_model(device):
+    """The recipe, the kit dense (its tokens equal the recipe's) and each fixed-shape selector, timed."""
+    from topo_attn.bench.generate import GENERATE_COLUMNS, KIT_DENSE, RECIPE, generate_markdown, run_generate_case
+
+    case = Case("tiny", 2, 4, 2, 80, 16, 16, "float32")
+    rows = run_generate_case(case, new_tokens=3, budget_tokens=32, peak_tbps=1.0, device=device, shape=TINY,
+                             repeats=1, warmup=0)
+    assert [r["attention"] for r in rows] == [RECIPE, KIT_DENSE, "kit centroid static cache compiled",
+                                              "kit quest static cache compiled"]
+    recipe, dense, *sparse = rows
+    assert dense["tokens_match"] is True and "tokens_match" not in recipe
+    assert recipe["vs_recipe"] == 1.0 and all(r["ms_per_token"] > 0 for r in rows)
+    assert all(r["budget_tokens"] == 32 and r["selector"] in ("centroid", "quest") for r in sparse)
+    assert all(r["floor_ms"] > 0 and r["context"] == 80 and r["batch"] == 2 for r in rows)
+    assert all(r["floor_ms"] > dense["floor_ms"] for r in sparse)  # the whole short cache, and the statistics
+    table = generate_markdown(rows).splitlines()
+    assert table[0] == "| " + " | ".join(GENERATE_COLUMNS) + " |" and len(table) == 2 + len(rows)
+    assert table[3].endswith("| yes |")
+
+
+def test_fill_and_rewind_keep_the_statistics(device):
+    """The filled cache holds ``context`` tokens; rewinding after a generation brings every layer back, and the
+    kept statistics cover the context's complete blocks."""
+    from topo_attn.bench.generate import fill_static_cache, rewind
+    from topo_attn.bench.model import build_model
+    from topo_attn.integrations import transformers as tat
+    from topo_attn.integrations.static_cache import TopoStaticCache
+    from topo_attn.selection.stats import key_block_bounds
+
+    model = build_model(Case("tiny", 1, 4, 2, 64, 16, 16, "float32"), device, TINY)
+    cache = TopoStaticCache(model.config, max_cache_len=80)
+    fill_static_cache(cache, model, 1, 48)
+    cache.layers[0].cumulative_length.add_(5)  # as a generation would
+    rewind(cache, 48, (16,))
+    for layer in cache.layers:
+        assert int(layer.cumulative_length) == 48
+        stats = getattr(layer.keys, tat.STATIC_STATE_ATTRIBUTE).block_stats(layer.keys, 16)
+        lo, hi = key_block_bounds(layer.keys[:, :, :48], 16)
+        assert torch.equal(stats.lo[:, :, :3], lo.to(stats.lo.dtype))
+        assert torch.equal(stats.hi[:, :, :3], hi.to(stats.hi.dtype))

@@ -1,0 +1,142 @@
+"""The kit's backend over a static cache (topo_attn.integrations.static_cache.TopoStaticCache) on tiny Llama
+models with random weights, the Triton kernels in the interpreter on the CPU: greedy generation gives the
+tokens of SDPA (dense) and of the dynamic-cache path (sparse), a decode step traces whole under
+torch.compile and serves every length, and what is not supported raises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", minversion="5")
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
+
+from topo_attn.integrations import transformers as tat  # noqa: E402
+from topo_attn.integrations.cache import TopoCache, cache_argument  # noqa: E402
+from topo_attn.integrations.static_cache import TopoStaticCache  # noqa: E402
+
+BLOCK = 16
+VOCAB = 96
+
+
+def tiny_llama(device, seed=0, **overrides) -> LlamaForCausalLM:
+    """2 layers, hidden 64, 4 query and 2 key/value heads of dim 16, random weights (initializer range 0.1),
+    float32."""
+    config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  initializer_range=0.1, attn_implementation="sdpa")
+    config.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**config)).to(device).eval()
+
+
+def token_ids(batch, seq_len, device, seed=1):
+    return torch.randint(1, VOCAB, (batch, seq_len), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def greedy(model, ids, cache, new_tokens=12, **kwargs):
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                  return_dict_in_generate=True, output_logits=True, **kwargs)
+    return model.generate(ids, **cache_argument(cache), **kwargs)
+
+
+def test_dense_static_generation_gives_the_tokens_of_sdpa(device):
+    model = tiny_llama(device)
+    ids = token_ids(2, 37, device)
+    want = greedy(model, ids, DynamicCache())
+    model.set_attn_implementation(tat.register(selector="dense", block_size=BLOCK, name="topo_static_dense"))
+    got = greedy(model, ids, TopoStaticCache(model.config, max_cache_len=64))
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        assert (a - b).abs().max().item() <= 1e-4 * max(1.0, b.abs().max().item()), f"step {step}"
+
+
+@pytest.mark.parametrize("selector,budget", [("quest", 1), ("centroid", 2)])
+def test_sparse_static_generation_equals_the_dynamic_cache_path(selector, budget, device):
+    """The fixed-shape step (static block statistics, the block table, static_decode) chooses and computes
+    what the dynamic-cache step does (select_for_queries, the split-K decode), step by step."""
+    model = tiny_llama(device)
+    ids = token_ids(1, 70, device)
+    model.set_attn_implementation(tat.register(selector=selector, block_size=BLOCK, budget=budget,
+                                               name="topo_static_sparse"))
+    want = greedy(model, ids, TopoCache(), new_tokens=16)
+    assert tat.last_stats("topo_static_sparse")[0].visited_fraction < 1.0  # the steps were sparse
+    got = greedy(model, ids, TopoStaticCache(model.config, max_cache_len=96), new_tokens=16)
+    assert torch.equal(got.sequences, want.sequences)
+    for step, (a, b) in enumerate(zip(got.logits, want.logits)):
+        assert (a - b).abs().max().item() <= 1e-4 * max(1.0, b.abs().max().item()), f"step {step}"
+
+
+def test_the_block_statistics_follow_the_cache(device):
+    """After a prefill and steps, the kept statistics of every complete block are those of the cached keys."""
+    from topo_attn.selection.stats import key_block_bounds
+    from topo_attn.topology import block_centroids
+
+    model = tiny_llama(device)
+    model.set_attn_implementation(tat.register(selector="quest", block_size=BLOCK, budget=1,
+                                               name="topo_static_sparse"))
+    cache = TopoStaticCache(model.config, max_cache_len=80)
+    greedy(model, token_ids(1, 40, device), cache, new_tokens=9)  # 48 tokens: 3 complete blocks
+    for layer in cache.layers:
+        state = getattr(layer.keys, tat.STATIC_STATE_ATTRIBUTE)
+        assert int(state.length) == 48
+        stats = state.block_stats(layer.keys, BLOCK)
+        keys = layer.keys[:, :, :48].double()
+        lo, hi = key_block_bounds(keys, BLOCK)
+        torch.testing.assert_close(stats.centroids[:, :, :3].double(), block_centroids(keys, BLOCK, torch.float64),
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stats.lo[:, :, :3].double(), lo, rtol=0, atol=1e-6)
+        torch.testing.assert_close(stats.hi[:, :, :3].double(), hi, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("selector", ["dense", "quest"])
+def test_a_decode_step_compiles_whole_and_serves_every_length(selector, device):
+    """torch.compile(fullgraph=True) of the model's one-token forward over a TopoStaticCache: no graph break,
+    the logits of the eager step, and the next steps (other lengths) reuse the one graph."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = tiny_llama(device)
+    name = tat.register(selector=selector, block_size=BLOCK, budget=1, name=f"topo_static_{selector}")
+    model.set_attn_implementation(name)
+    ids = token_ids(1, 40, device)
+    eager_cache = TopoStaticCache(model.config, max_cache_len=64)
+    cache = TopoStaticCache(model.config, max_cache_len=64)
+    with torch.no_grad():
+        model(ids, **cache_argument(eager_cache))
+        model(ids, **cache_argument(cache))  # the prefill, eager
+        counter = CompileCounter()
+        torch._dynamo.reset()
+        step = torch.compile(model.forward, backend=counter, fullgraph=True)
+        for position in range(40, 46):
+            token = token_ids(1, 1, device, seed=position)
+            want = model(token, **cache_argument(eager_cache)).logits
+            got = step(token, **cache_argument(cache)).logits
+            assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item()), position
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_a_plain_static_cache_raises(device):
+    model = tiny_llama(device)
+    model.set_attn_implementation(tat.register(selector="quest", block_size=BLOCK, budget=1,
+                                               name="topo_static_sparse"))
+    with pytest.raises(ValueError, match="TopoStaticCache"):
+        model(token_ids(1, 20, device), **cache_argument(StaticCache(model.config, max_cache_len=32)))
+
+
+def test_padding_into_a_static_cache_raises(device):
+    model = tiny_llama(device)
+    model.set_attn_implementation(tat.register(selector="dense", block_size=BLOCK, name="topo_static_dense"))
+    ids = token_ids(1, 20, device)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with pytest.raises(ValueError, match="padding"):
+        model(ids, attention_mask=mask, **cache_argument(TopoStaticCache(model.config, max_cache_len=32)))
+
+
+def test_beam_search_and_batch_selection_raise(device):
+    cache = TopoStaticCache(tiny_llama(device).config, max_cache_len=32)
+    with pytest.raises(ValueError, match="beam"):
+        cache.reorder_cache(torch.tensor([0]))
+    with pytest.raises(ValueError, match="batch"):
+        cache.batch_select_indices(torch.tensor([0]))

@@ -1,0 +1,185 @@
+"""The ``generate`` suite of the benchmark runner: time per new token of greedy ``generate()`` with a static
+cache and the compiled step, the kit's attention next to transformers' own fast-decoding recipe
+(``python -m topo_attn.bench --suite generate``).
+
+Per case: the ``model`` suite's 1B-shaped Llama (:func:`topo_attn.bench.model.build_model`) with a static
+cache of ``seq_len + new tokens`` slots per sequence, holding ``seq_len`` context tokens already: random keys
+and values written into every layer (the same seeded values for every row; a real prefill of B8 x 128k would
+take longer than the decoding it sets up). Then ``model.generate(ids, max_new_tokens=...)``, greedy, which
+compiles the decode step (transformers does so for a static cache on a GPU; the ``compile_config`` is the
+default ``torch.compile`` with CUDA graphs, the same for every row). The rows:
+
+- ``sdpa static cache compiled (recipe)``: transformers' ``StaticCache`` with SDPA, the dense recipe;
+- ``kit dense static cache compiled``: :class:`~topo_attn.integrations.static_cache.TopoStaticCache` with the
+  kit's backend, every block; ``tokens_match`` says whether its greedy tokens equal the recipe's;
+- one row per selector of :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` at a budget of
+  ``budget_tokens`` (in blocks of the case's size), one sink and one window block.
+
+``ms_per_token`` is ``(T(1 + n) - T(1)) / n`` for ``n`` new tokens, each ``T`` the median wall time of a
+``generate`` call after warm-up calls (which compile and capture), with the cache reset to the context
+length before each call; ``floor_ms`` is the step's bytes floor at the GPU's datasheet bandwidth: the weights,
+the key/value blocks the step reads and, for a selector, its kept block statistics, read once. Needs
+transformers and a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from .decode import peak_tbps_for
+from .model import build_model
+from .table import markdown_header
+
+RECIPE = "sdpa static cache compiled (recipe)"
+KIT_DENSE = "kit dense static cache compiled"
+NEW_TOKENS = 32
+BUDGET_TOKENS = 2048
+GENERATE_COLUMNS = ["case", "attention", "budget tokens", "ms / token", "/ recipe", "bytes floor ms",
+                    "/ floor", "tokens match"]
+
+
+def fill_static_cache(cache, model, batch: int, context: int, seed: int = 0) -> None:
+    """Write ``context`` seeded random keys and values (the model's dtype, unit variance) into every layer of
+    the static ``cache`` through its ``update``, as a prefill would (the cache's length becomes ``context``)."""
+    config = model.config
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    shape = (batch, config.num_key_value_heads, context, config.head_dim)
+    for layer in range(config.num_hidden_layers):
+        keys = torch.randn(shape, generator=generator, device=model.device, dtype=model.dtype)
+        values = torch.randn(shape, generator=generator, device=model.device, dtype=model.dtype)
+        cache.update(keys, values, layer)
+
+
+def rewind(cache, context: int, block_sizes: tuple[int, ...] = ()) -> None:
+    """Set every layer's length back to ``context`` (in place, on the device), as after the fill, and bring the
+    kept block statistics of ``block_sizes`` up to date over the whole context (what the prefill's attention
+    calls would have done)."""
+    from ..integrations.transformers import STATIC_STATE_ATTRIBUTE
+
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(context)
+        state = getattr(layer.keys, STATIC_STATE_ATTRIBUTE, None)
+        for block_size in block_sizes if state is not None else ():
+            start = torch.zeros((), dtype=layer.cumulative_length.dtype, device=layer.keys.device)
+            state.block_stats(layer.keys, block_size).update(layer.keys, start, context)
+
+
+def _wait(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generate_ms(model, cache, ids: torch.Tensor, context: int, new_tokens: int, block_sizes: tuple[int, ...],
+                repeats: int = 3, warmup: int = 2) -> tuple[float, torch.Tensor]:
+    """The median wall time (ms) of a greedy ``generate`` of ``new_tokens`` after ``ids`` (whose first
+    ``context`` tokens the cache holds), each call from the cache rewound to ``context``; and the tokens of the
+    last call."""
+    from ..integrations.cache import cache_argument
+
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                  **cache_argument(cache))
+    times, out = [], None
+    for done in range(warmup + repeats):
+        rewind(cache, context, block_sizes)
+        _wait(ids.device)
+        start = time.perf_counter()
+        out = model.generate(ids, **kwargs)
+        _wait(ids.device)
+        if done >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times), out
+
+
+def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, stats: bool, peak_tbps: float) -> float:
+    """The step's bytes floor (module docstring): weights + key/value blocks read (+ the statistics of every
+    complete block for a selector), over ``peak_tbps``."""
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    itemsize = torch.empty((), dtype=model.dtype).element_size()
+    per_token = 2 * config.num_key_value_heads * config.head_dim * itemsize * config.num_hidden_layers
+    tokens = context if budget_blocks is None else min(context, (budget_blocks + 3) * case.block_size)
+    kv = case.batch * tokens * per_token
+    kept = 0
+    if stats:  # centroid, min and max (float32) of every block, per layer and key/value head
+        kept = (case.batch * (context // case.block_size) * 3 * config.num_key_value_heads * config.head_dim * 4
+                * config.num_hidden_layers)
+    return (weights + kv + kept) / (peak_tbps * 1e12) * 1e3
+
+
+def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = BUDGET_TOKENS,
+                      peak_tbps: float | None = None, selectors: tuple[str, ...] | None = None,
+                      device: str = "cuda", shape: dict | None = None, repeats: int = 3,
+                      warmup: int = 2) -> list[dict]:
+    """The rows of one case (module docstring): ``context = case.seq_len`` tokens in the cache, batch
+    ``case.batch``, ``new_tokens`` timed, the selectors at ``budget_tokens`` (default
+    :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` without ``window``), on ``device`` with the model
+    of :func:`~topo_attn.bench.model.build_model` (``shape`` as there), ``repeats`` timed ``generate`` calls
+    after ``warmup`` ones. ``peak_tbps``: the bandwidth of the bytes floor (default: the GPU's datasheet
+    figure)."""
+    from transformers import StaticCache
+
+    from ..integrations import transformers as tat
+    from ..integrations.static_cache import TopoStaticCache
+    from ..selection.static_step import STATIC_SELECTORS
+
+    if peak_tbps is None:
+        peak_tbps = peak_tbps_for(torch.cuda.get_device_name()) if device == "cuda" else 1.0
+    context, batch, bs = case.seq_len, case.batch, case.block_size
+    started = time.perf_counter()
+    model = build_model(case, device, shape)
+    model.config.max_position_embeddings = max(model.config.max_position_embeddings, context + 2 * new_tokens)
+    ids = torch.randint(1, model.config.vocab_size, (batch, context + 1),
+                        generator=torch.Generator().manual_seed(7)).to(device)
+    max_len = context + new_tokens + 8
+    selectors = tuple(s for s in STATIC_SELECTORS if s != "window") if selectors is None else selectors
+    budget = budget_tokens // bs
+
+    def timed(attention: str, cache_type, implementation: str, block_sizes=(), budget_blocks=None,
+              selector=None) -> dict:
+        model.set_attn_implementation(implementation)
+        cache = cache_type(model.config, max_cache_len=max_len)
+        fill_static_cache(cache, model, batch, context)
+        one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup)
+        many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup)
+        floor = bytes_floor_ms(model, case, context, budget_blocks, selector is not None, peak_tbps)
+        ms = (many - one) / new_tokens
+        print(f"  {case.name} {attention}: {ms:.2f} ms per token ({time.perf_counter() - started:.0f} s)",
+              file=sys.stderr, flush=True)
+        del cache
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        return dict(case=case.name, context=context, batch=batch, attention=attention, selector=selector,
+                    budget_tokens=None if budget_blocks is None else budget_blocks * bs, ms_per_token=ms,
+                    floor_ms=floor, new_tokens=new_tokens, tokens=tokens)
+
+    rows = [timed(RECIPE, StaticCache, "sdpa")]
+    dense = tat.register(selector="dense", block_size=bs, name="topo_generate_dense")
+    rows.append(timed(KIT_DENSE, TopoStaticCache, dense))
+    for selector in selectors:
+        name = tat.register(selector=selector, block_size=bs, sinks=case.sinks, window=case.window, budget=budget,
+                            name=f"topo_generate_{selector}")
+        rows.append(timed(f"kit {selector} static cache compiled", TopoStaticCache, name, (bs,), budget, selector))
+    recipe = rows[0]
+    for row in rows:
+        row["vs_recipe"] = row["ms_per_token"] / recipe["ms_per_token"]
+        row["vs_floor"] = row["ms_per_token"] / row["floor_ms"]
+        if row["attention"] == KIT_DENSE:
+            row["tokens_match"] = bool(torch.equal(row["tokens"], recipe["tokens"]))
+    for row in rows:
+        row.pop("tokens")
+    return rows
+
+
+def generate_markdown(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (from :func:`run_generate_case`)."""
+    lines = markdown_header(GENERATE_COLUMNS, left=2)
+    for r in rows:
+        match = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
+        lines.append(f"| {r['case']} | {r['attention']} | {r['budget_tokens'] or ''} | {r['ms_per_token']:.2f} | "
+                     f"{r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} |")
+    return "\n".join(lines)
+

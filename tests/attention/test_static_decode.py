@@ -271,8 +271,8 @@ def test_values_are_never_read_by_the_checks(device):
     with FakeTensorMode() as mode:
         args = {name: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
                 for name, t in valid_args(device).items()}
-        assert sd._check_static_decode(**args) == (16, 0.25)
-        out = sd._static_decode_fake(*args.values())
+        assert sd.check_static_decode(**args) == (16, 0.25)
+        out = sd.static_decode_fake(*args.values())
     assert out.shape == args["q"].shape and out.dtype == args["q"].dtype
 
 

@@ -59,7 +59,7 @@ keep it within this."""
 
 
 @triton.jit
-def _decode_step(
+def decode_step(
     m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_n, q_pos, kv_len, qk_scale,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -157,7 +157,7 @@ def decode_split_kernel(
     SUBTILES: tl.constexpr = BLOCK_SIZE // BLOCK_N
     for t in tl.range(first * SUBTILES, end * SUBTILES, num_stages=NUM_STAGES):
         start_n = tl.load(Indices + t // SUBTILES) * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N
-        m_i, l_i, acc = _decode_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_n, q_pos, kv_len,
+        m_i, l_i, acc = decode_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_n, q_pos, kv_len,
                                      qk_scale,
                                      stride_kb, stride_kh, stride_kn, stride_kd,
                                      stride_vb, stride_vh, stride_vn, stride_vd,
@@ -272,7 +272,7 @@ def num_splits_for(kv_len: int, block_size: int, programs: int, device: torch.de
     return max(1, min(nb, slots // max(1, programs)))
 
 
-def _heads_per_tile(kv_group: int, lane_heads: int, heads: int, l_pad: int) -> int:
+def heads_per_tile(kv_group: int, lane_heads: int, heads: int, l_pad: int) -> int:
     """Query heads one program packs: the largest divisor of ``kv_group`` whose tile fits
     :data:`MAX_TILE_ROWS`, or 1 when the heads of a group may follow different schedule rows."""
     if lane_heads == heads:
@@ -320,7 +320,7 @@ def scheduled_decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     kv_group = heads // kv_heads
     rows = -(-kv_len // block_size) - first_query_block
     l_pad = triton.next_power_of_2(q_len)
-    group = _heads_per_tile(kv_group, lane_heads, heads, l_pad)
+    group = heads_per_tile(kv_group, lane_heads, heads, l_pad)
     block_m = max(16, triton.next_power_of_2(group * l_pad))  # tl.dot needs M >= 16
     programs = batch * (heads // group)
     if num_splits is None:

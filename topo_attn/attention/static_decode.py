@@ -10,7 +10,7 @@ traces through it). The op trusts its inputs and launches two kernels, without a
 1. :func:`static_decode_split_kernel`, grid ``(num_splits, B * H / GROUP)``: each program reads the length
    from the device, takes its chunk of the lane's key blocks (the ``cdiv(length, block_size)`` valid blocks
    when dense, else its chunk of the ``W`` entries of the lane's block-table row) and runs the online softmax
-   over them (:func:`decode._decode_step`) for ``GROUP`` query heads x ``L`` queries of one key/value head.
+   over them (:func:`decode.decode_step`) for ``GROUP`` query heads x ``L`` queries of one key/value head.
    Float32 partial outputs and base-2 log-sum-exps go to a workspace; empty chunks write ``-inf``.
 2. :func:`decode.decode_merge_kernel` merges the ``num_splits`` partials of each query.
 
@@ -29,7 +29,7 @@ import triton.language as tl
 from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_int, check_kernel_block_size,
                        check_scale, check_tensor)
 from . import decode
-from .decode import _decode_step
+from .decode import decode_step
 from .forward import LOG2E, mma_operand
 from .launch import INTERPRETED, launch
 
@@ -118,7 +118,7 @@ def static_decode_split_kernel(
             # an empty slot (-1) or a block past the valid keys: point at keys >= n, which are all masked
             block = tl.where((block >= 0) & (block < valid_blocks), block, valid_blocks)
             start_n = block * BLOCK_SIZE + (t % SUBTILES) * BLOCK_N
-        m_i, l_i, acc = _decode_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_n, q_pos, kv_len, qk_scale,
+        m_i, l_i, acc = decode_step(m_i, l_i, acc, q, K, V, batch, kv_head, start_n, offs_n, q_pos, kv_len, qk_scale,
                                      stride_kb, stride_kh, stride_kn, stride_kd,
                                      stride_vb, stride_vh, stride_vn, stride_vd,
                                      BLOCK_N, HEAD_DIM, DOT_PRECISION, UPCAST)
@@ -157,7 +157,7 @@ def static_decode_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
     # -- query tile: GQA packing when the heads of a key/value head share their row (or there is no table)
     l_pad = triton.next_power_of_2(q_len)
-    group = decode._heads_per_tile(kv_group, 0 if dense else table_rows, heads, l_pad)
+    group = decode.heads_per_tile(kv_group, 0 if dense else table_rows, heads, l_pad)
     block_m = max(16, triton.next_power_of_2(group * l_pad))  # tl.dot needs M >= 16
     programs = batch * (heads // group)
     if num_splits is None:
@@ -199,7 +199,7 @@ def static_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 @static_decode_op.register_fake
-def _static_decode_fake(q, k_cache, v_cache, length, block_table, block_size, scale):
+def static_decode_fake(q, k_cache, v_cache, length, block_table, block_size, scale):
     return q.new_empty(q.shape)
 
 
@@ -242,11 +242,11 @@ def static_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     TypeError, ValueError
         Before any launch, for a wrong type, dtype, shape, device, block size or scale. Only metadata is
         checked: the values of ``length`` and ``block_table`` are never read."""
-    block_size, scale = _check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale)
+    block_size, scale = check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale)
     return static_decode_op(q, k_cache, v_cache, length, block_table, block_size, scale)
 
 
-def _check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale) -> tuple[int, float]:
+def check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale) -> tuple[int, float]:
     """The checks of :func:`static_decode` (metadata only); returns the block size and the resolved scale."""
     q, k_cache, v_cache = check_tensor("q", q), check_tensor("k_cache", k_cache), check_tensor("v_cache", v_cache)
     if q.ndim != 4:

@@ -140,3 +140,50 @@ def test_beam_search_and_batch_selection_raise(device):
         cache.reorder_cache(torch.tensor([0]))
     with pytest.raises(ValueError, match="batch"):
         cache.batch_select_indices(torch.tensor([0]))
+
+
+def reference_step(q, k, v, length, table, block_size, scale):
+    """Float64 attention of ``q [B, H, L, D]`` at the end of the first ``length`` keys of ``k, v [B, H_kv, S, D]``,
+    over the blocks of ``table [B, G, W]`` (``-1``: empty; None: every block), bottom-right causal."""
+    batch, heads, q_len, dim = q.shape
+    n = int(length)
+    k, v = k[:, :, :n].double(), v[:, :, :n].double()
+    group = heads // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    allowed = torch.ones(batch, heads, n, dtype=torch.bool)
+    if table is not None:
+        blocks = torch.arange(n) // block_size
+        rows = table.long().cpu().repeat_interleave(heads // table.shape[1], 1)  # [B, H, W]
+        allowed = (blocks[None, None, :, None] == rows[:, :, None, :]).any(-1)
+    causal = torch.arange(n)[None, :] <= (n - q_len + torch.arange(q_len))[:, None]  # [L, n]
+    mask = allowed[:, :, None, :].to(q.device) & causal.to(q.device)
+    scores = (q.double() @ k.transpose(-1, -2)) * scale
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("selector,budget", [("dense", 0), ("quest", 1), ("centroid", 2)])
+def test_every_static_step_equals_the_float64_reference_with_its_blocks(selector, budget, device, monkeypatch):
+    """Each one-token step of a greedy generation with a TopoStaticCache: the kernel's output equals float64
+    attention over the blocks of that step's table (every block for dense)."""
+    from topo_attn.attention import static_decode as module
+
+    kernel, checked = module.static_decode, []
+
+    def checking(q, k, v, length, table=None, block_size=64, scale=None, **kwargs):
+        out = kernel(q, k, v, length, table, block_size, scale, **kwargs)
+        want = reference_step(q, k, v, length, table, block_size, scale)
+        assert (out.double() - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item())
+        if table is not None:
+            checked.append(int((table >= 0).sum(-1).max()))
+        else:
+            checked.append(None)
+        return out
+
+    monkeypatch.setattr(module, "static_decode", checking)
+    model = tiny_llama(device)
+    model.set_attn_implementation(tat.register(selector=selector, block_size=BLOCK, budget=budget,
+                                               name="topo_static_checked"))
+    greedy(model, token_ids(1, 100, device), TopoStaticCache(model.config, max_cache_len=128), new_tokens=8)
+    assert len(checked) == 2 * 7  # every decode step (the prefill gives the first token) of both layers
+    if selector != "dense":
+        assert max(checked) == 1 + 1 + 1 + budget < 100 // BLOCK  # sink, window, own block, budget: sparse

@@ -10,7 +10,9 @@ blocks allocated once; :meth:`~StaticBlockStats.update` recomputes in place the 
 :func:`step_block_table` gives the step's key blocks per key/value head as a table of fixed width: the rule's
 base (the sinks, the window and the query's own block) and the ``budget`` best candidates, scored by the
 selector's own step scores over every block and masked against the device length. Its rows hold the blocks of
-:func:`~topo_attn.selection.incremental.select_for_queries` for the same step.
+:func:`~topo_attn.selection.incremental.select_for_queries` for the same step. On a CUDA device it takes one
+launch (:mod:`.static_step_kernel`: scores, masks, ranking and the row in one Triton kernel); elsewhere, and
+where the kernel does not apply, torch ops.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from .topk import ranked_candidates
 
 STATIC_SELECTORS = names("step", static_step=True)
 """The selectors :func:`step_block_table` supports (the registry's ``static_step`` flag)."""
+
+FUSED_SCORES = {"window": "none", "centroid": "centroid", "quest": "quest"}
+"""The selectors the one-launch kernel (:mod:`.static_step_kernel`) computes, with the kernel's score."""
+
+FUSED_MAX_BLOCKS = 4096
+"""The most blocks (``nb_max``) one program of the kernel scores and ranks; ``fused=None`` takes the torch path
+beyond."""
 
 _STATS_DTYPES = (torch.float32, torch.float64)
 
@@ -155,7 +164,7 @@ class StaticBlockStats:
 
 
 def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, length: torch.Tensor,
-                     sinks: int = 1, window: int = 1, budget: int = 4) -> torch.Tensor:
+                     sinks: int = 1, window: int = 1, budget: int = 4, fused: bool | None = None) -> torch.Tensor:
     """The key blocks of one decode step per key/value head, in fixed shape, without a host sync.
 
     The query sits at position ``length - 1``, in block ``qb = (length - 1) // block_size``. Each row holds the
@@ -163,9 +172,17 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     window (``kb < min(sinks, qb - window)``), the window ``max(0, qb - window) .. qb``, and the ``budget``
     best-scored candidates ``sinks <= kb < qb - window`` (all complete blocks; ranked as
     :func:`~topo_attn.selection.topk.ranked_candidates` ranks them: ties to the lower block), each at most
-    once, ``-1`` in every other slot; the order inside a row is not specified. The query heads of a group choose
-    together. Scores come from the selector's step scores over all ``nb_max`` blocks in the statistics' dtype;
-    the candidates are masked against the device ``length``.
+    once, ``-1`` in every other slot. The query heads of a group choose together. Scores come from the selector's
+    step scores over all ``nb_max`` blocks in the statistics' dtype; the candidates are masked against the device
+    ``length``.
+
+    Two paths give these rows. The torch path: the step scores, the masks, the order keys, ``topk`` and the row's
+    assembly (several launches). The kernel (:func:`~topo_attn.selection.static_step_kernel.static_step_table`):
+    all of it in one launch, float32 statistics only, ``nb_max <= FUSED_MAX_BLOCKS``. Both write the base in
+    the same slots (the sinks, then the window ``qb - window .. qb``); the chosen blocks follow in some order on
+    the torch path, best first in the kernel. Their scores are float32 sums taken in different orders, so at a
+    tie within rounding they may choose differently; where the scores are equal bit for bit (exact
+    arithmetic, duplicate blocks), they choose the same blocks.
 
     Arguments:
         selector: one of :data:`STATIC_SELECTORS`.
@@ -174,17 +191,28 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
         length: integer tensor of one element on the statistics' device: the valid keys, this query's included
             (``1 <= length <= S_max``; not checked: that would read the device).
         sinks, window, budget: ints ``>= 0``, as in :func:`~topo_attn.selection.select`.
+        fused: ``None`` (default): the kernel on a CUDA device where it applies (see above), else the torch
+            path; ``True``: the kernel (also in Triton's interpreter on the CPU); ``False``: the torch path.
 
     Returns:
         int32 ``[B, H_kv, sinks + window + 1 + budget]`` on the statistics' device.
 
     Raises:
-        ValueError: a selector without a static step, shapes or devices that do not fit, a negative size.
-        TypeError: a non-str selector, statistics of another kind, a non-integer ``length``, a non-int size.
+        ValueError: a selector without a static step, shapes or devices that do not fit, a negative size;
+            ``fused=True`` where the kernel does not apply (float64 statistics, ``nb_max > FUSED_MAX_BLOCKS``,
+            a device that is neither CUDA nor the interpreter's CPU).
+        TypeError: a non-str selector, statistics of another kind, a non-integer ``length``, a non-int size,
+            a ``fused`` that is not a bool or None.
     """
     chooser = get(selector, "step", static_step=True)
     _check_step(q, stats, length)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
+    if _takes_kernel(selector, stats, fused):
+        from .static_step_kernel import static_step_table_op  # triton is imported on first use
+
+        score = FUSED_SCORES[selector]
+        first, second = (stats.hi, stats.lo) if score == "quest" else (stats.centroids, stats.centroids)
+        return static_step_table_op(q, first, second, length, score, stats.block_size, sinks, window, budget)
     bs, nb, device = stats.block_size, stats.num_blocks, stats.lo.device
     batch, kv_heads = stats.lo.shape[:2]
     length = length.reshape(()).to(torch.int64)
@@ -206,6 +234,35 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
         parts.append(torch.where(budget_candidates(best, qb, sinks, window), best, -1))
     parts.append(torch.full((batch, kv_heads, budget - take), -1, dtype=torch.int64, device=device))
     return torch.cat(parts, dim=-1).to(torch.int32)
+
+
+def _takes_kernel(selector: str, stats: StaticBlockStats, fused: object) -> bool:
+    """Whether :func:`step_block_table` launches the kernel (``fused``: None, True or False); raises
+    ``ValueError`` for ``fused=True`` where the kernel does not apply."""
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None, True or False, got {type(fused).__name__} {fused!r}")
+    if fused is False:
+        return False
+    device = stats.lo.device
+    if selector not in FUSED_SCORES:
+        refusal = f"the kernel computes {sorted(FUSED_SCORES)}, not {selector!r}"
+    elif FUSED_SCORES[selector] != "none" and stats.lo.dtype != torch.float32:
+        refusal = f"the kernel scores float32 statistics, got {stats.lo.dtype}"
+    elif FUSED_SCORES[selector] != "none" and stats.num_blocks > FUSED_MAX_BLOCKS:
+        refusal = f"the kernel holds nb_max <= {FUSED_MAX_BLOCKS} blocks, got {stats.num_blocks}"
+    elif device.type == "cuda":
+        refusal = None
+    elif fused is None:
+        return False  # (the interpreter only when asked for)
+    else:
+        from .static_step_kernel import INTERPRETED
+
+        refusal = None if INTERPRETED and device.type == "cpu" else (
+            f"the statistics are on {device}: the kernel needs a CUDA device (or the CPU with TRITON_INTERPRET=1 "
+            f"set before triton is first imported)")
+    if refusal is not None and fused:
+        raise ValueError(f"fused=True: {refusal}")
+    return refusal is None
 
 
 def _check_step(q: object, stats: object, length: object) -> None:

@@ -1,0 +1,168 @@
+"""One Triton kernel for a decode step's block table over a static cache: the selection of
+:func:`~topo_attn.selection.static_step.step_block_table` in one launch per layer-step.
+
+The torch path scores every block, masks, builds order keys, ranks with ``topk`` and assembles the row: several
+launches, more than the attention they choose for at short caches. Here one program per key/value head lane
+``(b, kv_head)`` does all of it:
+
+1. read the length on the device: the query's block ``qb = (length - 1) // block_size``, the candidates
+   ``sinks <= kb < qb - window``;
+2. score the candidates in float32 from the kept statistics, ``BLOCK_N`` blocks at a time, as the selector's
+   ``step_scores`` does (``quest``: the group's largest ``relu(q) . hi + min(q, 0) . lo``; ``centroid``: the
+   group's mean query ``. centroid``), and write each score's order key (:func:`~topo_attn.selection.topk.order_key`:
+   the float's order-preserving bits above the reversed block index, so equal scores go to the lower block) to a
+   workspace row;
+3. read the row back whole and take the ``budget`` largest keys, one round of ``max`` each;
+4. write ``[sinks + window + 1 + budget]`` int32: the sinks below the window, the window and ``qb``, then the
+   chosen blocks best first, ``-1`` in empty slots.
+
+Every launch parameter follows from shapes (``nb_max``, ``D``, the group, the row width); the length and the
+candidates' count stay on the device, so one captured graph serves every step. The op
+``torch.ops.topo_attn.static_step_table`` (:func:`static_step_table_op`, with a fake implementation) lets
+``torch.compile(fullgraph=True)`` trace through it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+SCORES = ("none", "centroid", "quest")
+"""The kernel's scores: ``none`` (the window rule: no candidate is added), ``centroid``, ``quest``."""
+
+INDEX_BITS = 16
+"""The reversed block index lives in an order key's low bits: the kernel holds ``nb_max < 2**INDEX_BITS``."""
+
+_NO_KEY = -(2 ** 48)  # below every candidate's key (those are >= -2**31 * 2**INDEX_BITS)
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
+"""True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernel then runs on the CPU."""
+
+
+@triton.jit
+def _step_table_kernel(
+    Q, First, Second, Length, Keys, Out,
+    nb, kv_heads, block_size, sinks, window, take, width,
+    stride_qb, stride_qh, stride_qd,
+    stride_sb, stride_sh, stride_sn, stride_sd,
+    head_dim,
+    SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
+):
+    """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
+
+    ``Q [B, H, 1, D]`` (any strides); ``First``, ``Second`` ``[B, H_kv, nb, D]`` float32 of one set of strides:
+    ``hi``, ``lo`` for ``quest``, the centroids twice for ``centroid``, unread for ``none``. ``Length``: one
+    integer, the valid keys. ``Keys``: int64 workspace ``[B * H_kv, nb]``. ``Out``: int32 ``[B * H_kv, width]``,
+    contiguous."""
+    lane = tl.program_id(0)
+    batch = lane // kv_heads
+    kv_head = lane % kv_heads
+    # -- the query's block and the candidates sinks <= kb < end, from the length on the device
+    length = tl.load(Length).to(tl.int64)
+    qb = tl.where(length > 0, (length - 1) // block_size, -1)
+    end = tl.minimum(tl.maximum(qb - window, 0), nb)
+    # -- the base: the sinks below the window, then the window up to qb; -1 before block 0
+    slot = tl.arange(0, ROW_PAD)
+    window_block = qb - window + (slot - sinks)
+    row = tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
+                   tl.where((slot < sinks + window + 1) & (window_block >= 0), window_block, -1))
+    if SCORE != "none":
+        # -- every candidate's order key to the workspace, BLOCK_N blocks at a time
+        d = tl.arange(0, HEAD_DIM)
+        q_base = Q + batch.to(tl.int64) * stride_qb + (kv_head * GROUP).to(tl.int64) * stride_qh
+        stat_base = batch.to(tl.int64) * stride_sb + kv_head.to(tl.int64) * stride_sh
+        key_base = Keys + lane.to(tl.int64) * nb
+        for start in range(sinks, end, BLOCK_N):
+            kb = start + tl.arange(0, BLOCK_N)
+            at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
+            inside = (kb[:, None] < end) & (d[None, :] < head_dim)
+            first = tl.load(First + at, mask=inside, other=0.0)
+            if SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
+                second = tl.load(Second + at, mask=inside, other=0.0)
+                score = tl.full([BLOCK_N], float("-inf"), tl.float32)
+                for g in range(GROUP):
+                    q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
+                    q = q.to(tl.float32)
+                    bound = (tl.sum(tl.maximum(q, 0.0)[None, :] * first, axis=1)
+                             + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
+                    score = tl.maximum(score, bound)
+            else:  # centroid: the group's mean query . the centroid in First
+                total = tl.zeros([HEAD_DIM], tl.float32)
+                for g in range(GROUP):
+                    q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
+                    total += q.to(tl.float32)
+                score = tl.sum((total / GROUP)[None, :] * first, axis=1)
+            # order key: float order as signed int order (-0.0 is 0.0), above the reversed block index
+            bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+            ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+            key = (ordered << INDEX_BITS) + (nb - 1 - kb)
+            tl.store(key_base + kb, key, mask=kb < end)
+        tl.debug_barrier()  # the row is read back by other threads of the program
+        # -- the budget: `take` rounds of the largest key (each key is unique: its index breaks ties)
+        kb = tl.arange(0, NB_PAD)
+        keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
+        rounds = tl.minimum(take, tl.maximum(end - sinks, 0))
+        for r in range(rounds):
+            best = tl.max(keys, axis=0)
+            block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
+            row = tl.where(slot == sinks + window + 1 + r, block, row)
+            keys = tl.where(keys == best, NO_KEY, keys)
+    tl.store(Out + lane.to(tl.int64) * width + slot, row.to(tl.int32), mask=slot < width)
+
+
+def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
+                      score: str, block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
+    """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
+    :func:`~topo_attn.selection.static_step.step_block_table`).
+
+    Arguments:
+        q: ``[B, H, 1, D]``, floating (any strides), on a CUDA device or (Triton's interpreter) the CPU.
+        first, second: float32 ``[B, H_kv, nb, D]`` of the same strides, ``H % H_kv == 0``,
+            ``nb < 2**INDEX_BITS``: ``hi`` and ``lo`` for ``quest``, the centroids twice for ``centroid``,
+            any such tensor for ``none`` (never read).
+        length: integer tensor of one element on q's device, the valid keys (read on the device).
+        score: one of :data:`SCORES`. block_size: tokens per block, ``>= 1``. sinks, window, budget: ``>= 0``.
+
+    Returns:
+        int32 ``[B, H_kv, sinks + window + 1 + budget]``: per lane the sinks ``kb < min(sinks, qb - window)``,
+        the window ``qb - window .. qb`` (blocks ``>= 0``), then up to ``budget`` candidates
+        ``sinks <= kb < qb - window`` best first (ties to the lower block); ``-1`` in every other slot.
+    """
+    batch, heads, _, dim = q.shape
+    kv_heads, nb = first.shape[1], first.shape[2]
+    width = sinks + window + 1 + budget
+    out = torch.empty((batch, kv_heads, width), dtype=torch.int32, device=q.device)
+    keys = torch.empty((batch * kv_heads, nb if score != "none" else 1), dtype=torch.int64, device=q.device)
+    nb_pad = triton.next_power_of_2(nb)
+    head_dim = triton.next_power_of_2(dim)
+    _step_table_kernel[(batch * kv_heads,)](
+        q, first, second, length, keys, out,
+        nb, kv_heads, block_size, sinks, window, min(budget, nb), width,
+        q.stride(0), q.stride(1), q.stride(3), *first.stride(),
+        dim,
+        SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
+        HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
+        num_warps=4 if nb_pad <= 1024 else 8,
+    )
+    return out
+
+
+@torch.library.custom_op("topo_attn::static_step_table", mutates_args=())
+def static_step_table_op(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
+                         score: str, block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
+    """The custom op ``torch.ops.topo_attn.static_step_table``: :func:`static_step_table` (trusts its inputs)."""
+    return static_step_table(q, first, second, length, score, block_size, sinks, window, budget)
+
+
+@static_step_table_op.register_fake
+def static_step_table_fake(q, first, second, length, score, block_size, sinks, window, budget):
+    return q.new_empty((q.shape[0], first.shape[1], sinks + window + 1 + budget), dtype=torch.int32)

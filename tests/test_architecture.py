@@ -23,7 +23,7 @@ PACKAGE = "topo_attn"
 ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backward", "topo_attn.attention.decode",
                      "topo_attn.attention.hopper", "topo_attn.attention.launch")
 GPU_KERNELS = "topo_attn.topology.gpu"
-SELECTION_KERNELS = ("topo_attn.selection.quest_kernel",)
+SELECTION_KERNELS = ("topo_attn.selection.quest_kernel", "topo_attn.selection.static_step_kernel")
 HEAVY = ("matplotlib", "ipywidgets", "pandas", "triton")
 SEPARATE = ("topo_attn.lm", "topo_attn.bench")
 """Subpackages that import nothing of each other: what both need (the commit of a result, the prefill timing)

@@ -177,6 +177,23 @@ def decode_split_kernel(
     tl.store(OutPart + slot[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], out, mask=real[:, None])
 
 
+@triton.jit
+def merge_partials(m_i, l_i, acc, lse, o, AXIS: tl.constexpr):
+    """One step of the merge of split partials (the online softmax again, over partials instead of keys):
+    fold the partials that lie along axis ``AXIS`` of ``lse`` (base-2 log-sum-exps) and of ``o`` (their
+    normalised outputs: ``lse``'s shape plus a trailing head-dim axis) into the running max ``m_i`` (base 2)
+    and normaliser ``l_i`` (``lse``'s shape without ``AXIS``) and the float32 accumulator ``acc`` (``o``'s
+    shape without ``AXIS``). A partial of ``-inf`` weighs nothing; while every partial seen is ``-inf`` the
+    state stays ``(-inf, 0, 0)``. The merged output is ``acc / l_i`` (where ``l_i > 0``)."""
+    m_new = tl.maximum(m_i, tl.max(lse, AXIS))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: no -inf - -inf
+    w = tl.math.exp2(lse - tl.expand_dims(m_ref, AXIS))
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(w, AXIS)
+    acc = acc * tl.expand_dims(alpha, -1) + tl.sum(tl.expand_dims(w, -1) * o, AXIS)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["parts"])
 def decode_merge_kernel(
     OutPart, LsePart, Out, Lse, parts,
@@ -195,19 +212,13 @@ def decode_merge_kernel(
     l_i = tl.sum(tl.zeros((BLOCK_S,), tl.float32), 0)
     acc = tl.zeros((BLOCK_D,), tl.float32)
 
-    # -- weigh each partial output by exp2(its lse - the max), as in the online softmax
+    # -- weigh each partial output by exp2(its lse - the max), as in the online softmax (merge_partials)
     for s0 in range(0, parts, BLOCK_S):
         slots = s0 + offs_s
         lse = tl.load(LsePart + query * parts + slots, mask=slots < parts, other=float("-inf"))
         o = tl.load(OutPart + (query * parts + slots)[:, None] * HEAD_DIM + dims[None, :],
                     mask=(slots < parts)[:, None], other=0.0)
-        m_new = tl.maximum(m_i, tl.max(lse, 0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: no -inf - -inf
-        w = tl.math.exp2(lse - m_ref)
-        alpha = tl.math.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * o, 0)
-        m_i = m_new
+        m_i, l_i, acc = merge_partials(m_i, l_i, acc, lse, o, 0)
 
     # -- normalise and store; the log-sum-exp in natural log
     l_safe = tl.where(l_i > 0, l_i, 1.0)

@@ -1,8 +1,15 @@
 """The static-cache decode step (``topo_attn.attention.static_decode``) against a float64 masked softmax: dense
 and block-table modes (shared, per key/value head, per query head), lengths at and between block boundaries,
-garbage past the length, argument checks before any launch, and ``torch.compile`` through the custom op
-without a recompile for a new length value. On the CPU the kernels run in Triton's interpreter, so the shapes
-stay small."""
+garbage past the length, both merge modes (``"kernel"``: one launch, the last split of each tile merges;
+``"separate"``: a second launch merges), the split counters left at zero by every call, argument checks
+before any launch, and ``torch.compile`` through the custom op without a recompile for a new length value.
+
+On the CPU the kernels run in Triton's interpreter, so the shapes stay small, and the interpreter runs the
+programs one after another: a program's partials are always complete before the next one counts, so only a
+GPU exercises the concurrency of the in-kernel merge (the ``cuda`` tests, skipped here). What the CPU can
+check of the semaphore, ``test_any_program_order_gives_the_reference`` checks by shuffling the order the
+interpreter runs the programs in: exactly one program per tile merges, the last to count, whichever split
+it is. (The barriers around the count are no-ops in the interpreter.)"""
 
 from __future__ import annotations
 
@@ -13,7 +20,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import topo_attn.attention.static_decode as sd
 from helpers import TOLERANCE, inputs  # in tests/
+from topo_attn.attention.launch import INTERPRETED
 from topo_attn.attention.static_decode import static_decode
+
+MERGES = ["kernel", "separate"]
 
 
 def reference(q, k_cache, v_cache, n, block_table=None, block_size=64, scale=None) -> torch.Tensor:
@@ -74,6 +84,11 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list:
     return seen
 
 
+def counters(device, tiles: int) -> torch.Tensor:
+    """The split counters of ``merge="kernel"`` for ``tiles`` tiles on ``device`` (they must exist)."""
+    return sd.COUNTERS[(torch.device(device), tiles)]
+
+
 # ------------------------------------------------------------------------------------------ dense cache
 DENSE = [
     # B, H, H_kv, S_max, L, D, block_size, dtype, lengths        (what the lengths hit)
@@ -83,18 +98,23 @@ DENSE = [
 ]
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("case", DENSE, ids=lambda c: f"B{c[0]}-H{c[1]}-Hkv{c[2]}-S{c[3]}-L{c[4]}-{c[7]}")
-def test_dense_matches_reference(case, device, launches):
+def test_dense_matches_reference(case, merge, device, launches):
     """Every length, from one key to the full cache, on fresh inputs; the host splits each lane in more chunks
-    than the short lengths have blocks (empty chunks); and every launch is the same at every length."""
+    than the short lengths have blocks (empty chunks); every launch is the same at every length: one (the
+    split kernel, merging) per call with ``merge="kernel"``, two with ``"separate"``."""
     B, H, H_kv, S_max, L, D, block_size, dtype, lengths = case
     for n in lengths:
         q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), dtype, device, seed=n)
-        out = static_decode(q, k, v, torch.tensor([n], device=device), block_size=block_size)
+        out = static_decode(q, k, v, torch.tensor([n], device=device), block_size=block_size, merge=merge)
         check(out, q, reference(q, k, v, n, block_size=block_size))
     split = launches[0][1][0]
     assert split > 1 and split > -(-min(lengths) // block_size)
-    assert all(entry == launches[i % 2] for i, entry in enumerate(launches))
+    per_call = 1 if merge == "kernel" else 2
+    assert len(launches) == per_call * len(lengths)
+    assert all(entry == launches[i % per_call] for i, entry in enumerate(launches))
+    assert ("WRITE", "merged" if merge == "kernel" else "partials") in launches[0][3]
 
 
 # ------------------------------------------------------------------------------------------ block tables
@@ -107,8 +127,9 @@ TABLES = [
 ]
 
 
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("case", TABLES, ids=lambda c: f"B{c[0]}-H{c[1]}-Hkv{c[2]}-G{c[3]}-L{c[5]}-{c[8]}")
-def test_table_matches_reference(case, device):
+def test_table_matches_reference(case, merge, device):
     """Random rows: blocks in any order, ``-1`` slots anywhere, blocks past the length (ignored), the partly
     valid diagonal block in half of the rows."""
     B, H, H_kv, G, S_max, L, D, block_size, dtype, lengths = case
@@ -119,7 +140,8 @@ def test_table_matches_reference(case, device):
         table = random_table(gen, (B, G), num_blocks + 2, num_blocks, diagonal=(n - 1) // block_size)
         past.append(bool((table >= -(-n // block_size)).any()))
         q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), dtype, device, seed=n + 1)
-        out = static_decode(q, k, v, torch.tensor(n, device=device), table.to(device), block_size=block_size)
+        out = static_decode(q, k, v, torch.tensor(n, device=device), table.to(device), block_size=block_size,
+                            merge=merge)
         check(out, q, reference(q, k, v, n, table, block_size))
     assert any(past), "some entry should lie past the length"
 
@@ -138,7 +160,8 @@ def test_rows_are_per_lane(device):
         assert not torch.allclose(swapped, out, atol=1e-3)
 
 
-def test_empty_row_gives_zeros(device):
+@pytest.mark.parametrize("merge", MERGES)
+def test_empty_row_gives_zeros(merge, device):
     """A row of ``-1`` only, or of blocks all past the length (inside the cache, past its end): its queries see
     nothing and get zeros, never NaN. The other lane's row holds the largest int32 beside valid blocks: it is
     skipped (its key position would overflow int32 and wrap to real keys)."""
@@ -146,28 +169,30 @@ def test_empty_row_gives_zeros(device):
     q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.float16, device, seed=9)
     for row in ([-1, -1, -1], [4, 9, 5]):  # blocks 64.., 144.., 80.. past the length 40
         table = torch.tensor([[row, [2, 2**31 - 1, 0]]], dtype=torch.int32)
-        out = static_decode(q, k, v, torch.tensor(40, device=device), table.to(device), block_size=block_size)
+        out = static_decode(q, k, v, torch.tensor(40, device=device), table.to(device), block_size=block_size,
+                            merge=merge)
         assert torch.equal(out[:, 0], torch.zeros_like(out[:, 0]))
         check(out, q, reference(q, k, v, 40, table, block_size))
 
 
 # ------------------------------------------------------------------------------------------ the contract
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("mode", ["dense", "table"])
-def test_garbage_past_length_is_never_read(mode, device):
+def test_garbage_past_length_is_never_read(mode, merge, device):
     """NaN, inf and huge values at every position >= length (and listed blocks past it) leave the output
     unchanged bit for bit."""
     B, H, H_kv, S_max, L, D, block_size, n = 1, 4, 2, 160, 3, 32, 32, 70
     q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.bfloat16, device, seed=12)
     table = None if mode == "dense" else torch.tensor([[[4, 2, -1, 0], [3, -1, 1, 2]]], dtype=torch.int32).to(device)
     length = torch.tensor(n, device=device)
-    out = static_decode(q, k, v, length, table, block_size=block_size)
+    out = static_decode(q, k, v, length, table, block_size=block_size, merge=merge)
     check(out, q, reference(q, k, v, n, table, block_size))
     k2, v2 = k.clone(), v.clone()
     k2[:, :, n:] = float("nan")
     k2[:, 0, n + 5:] = float("inf")
     v2[:, :, n:] = 1e30
     v2[:, 1, n + 3:] = float("nan")
-    assert torch.equal(static_decode(q, k2, v2, length, table, block_size=block_size), out)
+    assert torch.equal(static_decode(q, k2, v2, length, table, block_size=block_size, merge=merge), out)
 
 
 def test_length_dtypes_and_strides(device):
@@ -188,17 +213,120 @@ def test_length_dtypes_and_strides(device):
     check(dense, q, reference(q, k, v, n, block_size=block_size, scale=0.1))
 
 
-def test_forced_split_counts(device):
-    """Any split count is correct: one chunk, a few, more chunks than blocks (most empty)."""
+@pytest.mark.parametrize("merge", MERGES)
+def test_forced_split_counts(merge, device, launches):
+    """Any split count is correct in both modes: one chunk (``"kernel"``: the program writes the output, no
+    counter), two, three, more chunks than blocks (most empty, their partials weigh nothing)."""
     B, H, H_kv, S_max, L, D, block_size, n = 1, 2, 1, 128, 3, 16, 16, 75
     q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.float32, device, seed=2)
     table = random_table(torch.Generator().manual_seed(2), (B, 1), 10, 8, diagonal=4).to(device)
     length = torch.tensor(n, device=device)
     for block_table in (None, table):
         ref = reference(q, k, v, n, block_table, block_size)
-        for num_splits in (1, 3, 20):
-            out = sd.static_decode_forward(q, k, v, length, block_table, block_size, D ** -0.5, num_splits)
+        for num_splits in (1, 2, 3, 20):
+            launches.clear()
+            out = sd.static_decode_forward(q, k, v, length, block_table, block_size, D ** -0.5, num_splits, merge)
             check(out, q, ref)
+            if merge == "kernel":
+                assert len(launches) == 1 and launches[0][1][0] == num_splits
+                assert ("WRITE", "direct" if num_splits == 1 else "merged") in launches[0][3]
+            else:
+                assert len(launches) == 2 and ("WRITE", "partials") in launches[0][3]
+    if merge == "kernel":
+        assert (counters(device, 1) == 0).all()
+
+
+@pytest.mark.parametrize("shape,num_splits,merge_tile", [
+    ((1, 2, 2, 1), 5, (1, 4)),   # B, H, H_kv, L: one query per tile; 4 splits per step, the second step part-empty
+    ((1, 4, 2, 3), 3, (4, 1)),   # two heads x 3 (+1 padding) queries per tile, merged 4 rows at a time
+])
+def test_in_kernel_merge_in_steps(shape, num_splits, merge_tile, device, launches, monkeypatch):
+    """With a small merge budget (``decode.MERGE_TILE``) the last split merges its tile in several steps: row
+    chunks (``MERGE_M``) and split steps (``MERGE_S``) whose last one is partly past ``num_splits``."""
+    monkeypatch.setattr(sd.decode, "MERGE_TILE", 64)
+    B, H, H_kv, L = shape
+    S_max, D, block_size, n = 160, 16, 16, 150
+    q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.float16, device, seed=num_splits)
+    out = sd.static_decode_forward(q, k, v, torch.tensor(n, device=device), None, block_size, D ** -0.5, num_splits)
+    check(out, q, reference(q, k, v, n, block_size=block_size))
+    meta = dict(launches[0][3])
+    assert (meta["MERGE_M"], meta["MERGE_S"]) == merge_tile
+
+
+@pytest.mark.parametrize("mode", ["dense", "table"])
+def test_repeated_calls_reset_the_counters(mode, device):
+    """The counters are zero after every call (checked directly), so calls in a row are each right: the same
+    call twice (both outputs kept), then five calls with other lengths and inputs, at forced split counts and
+    the host's."""
+    B, H, H_kv, S_max, L, D, block_size = 1, 4, 2, 160, 2, 16, 16
+    table = random_table(torch.Generator().manual_seed(5), (B, H_kv), 12, 10).to(device) if mode == "table" else None
+    tiles = B * H_kv  # the GQA pair of heads shares a tile
+    for num_splits in (2, 7, None):
+        q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.bfloat16, device, seed=3)
+        first, again = (sd.static_decode_forward(q, k, v, torch.tensor(100, device=device), table, block_size,
+                                                 D ** -0.5, num_splits) for _ in range(2))
+        ref = reference(q, k, v, 100, table, block_size)
+        check(first, q, ref)
+        check(again, q, ref)
+        assert (counters(device, tiles) == 0).all()
+        for n in (37, 160, 2, 64, 121):
+            q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.bfloat16, device, seed=n)
+            out = sd.static_decode_forward(q, k, v, torch.tensor(n, device=device), table, block_size, D ** -0.5,
+                                           num_splits)
+            check(out, q, reference(q, k, v, n, table, block_size))
+            assert (counters(device, tiles) == 0).all()
+
+
+@pytest.fixture
+def shuffled_programs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Make the interpreter run each launch's programs in a seeded random order (it runs them one after
+    another, split 0 first). Returns one dict per launch: ``tiles`` (grid axis 1), ``ran``, the ``(split,
+    tile)`` programs in the order they ran, and ``merged``, those that called :func:`sd.merge_tile`."""
+    if not INTERPRETED:
+        pytest.skip("reorders Triton's interpreter")
+    from triton.runtime.interpreter import interpreter_builder as builder
+
+    gen, launches = torch.Generator().manual_seed(0), []
+    real_dim, real_idx, real_merge = builder.set_grid_dim, builder.set_grid_idx, sd.merge_tile
+
+    def set_grid_dim(nx, ny, nz):
+        real_dim(nx, ny, nz)
+        launches.append(dict(order=torch.randperm(nx * ny * nz, generator=gen).tolist(), tiles=ny, ran=[], merged=[]))
+
+    def set_grid_idx(x, y, z):
+        launch, (_, ny, nz) = launches[-1], builder.grid_dim
+        i = launch["order"][(x * ny + y) * nz + z]
+        launch["ran"].append((i // (ny * nz), i // nz % ny))
+        real_idx(i // (ny * nz), i // nz % ny, i % nz)
+
+    def merge_tile(*args):  # the kernel looks the helper up in the module when the interpreter runs it
+        launches[-1]["merged"].append(launches[-1]["ran"][-1])
+        return real_merge(*args)
+    monkeypatch.setattr(builder, "set_grid_dim", set_grid_dim)
+    monkeypatch.setattr(builder, "set_grid_idx", set_grid_idx)
+    monkeypatch.setattr(sd, "merge_tile", merge_tile)
+    return launches
+
+
+@pytest.mark.parametrize("mode", ["dense", "table"])
+def test_any_program_order_gives_the_reference(mode, device, shuffled_programs):
+    """Programs run in a random order (a stand-in for a GPU's): exactly one program per tile merges, the last
+    of the tile to run (to count), whichever split it is; the output is the reference's at several split
+    counts and lengths, and the counters end at zero. The orders really differ from the chunk order: in some
+    launch a tile's split 0 runs last."""
+    B, H, H_kv, S_max, L, D, block_size = 2, 2, 2, 128, 3, 16, 16
+    table = random_table(torch.Generator().manual_seed(1), (B, H), 9, 8).to(device) if mode == "table" else None
+    for num_splits, n in ((2, 128), (3, 50), (5, 99), (8, 17)):
+        q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.float16, device, seed=num_splits)
+        out = sd.static_decode_forward(q, k, v, torch.tensor(n, device=device), table, block_size, D ** -0.5,
+                                       num_splits)
+        check(out, q, reference(q, k, v, n, table, block_size))
+        assert (counters(device, B * H) == 0).all()
+    assert len(shuffled_programs) == 4
+    for launch in shuffled_programs:
+        last = {tile: split for split, tile in launch["ran"]}  # the last program of each tile to run
+        assert sorted(launch["merged"], key=lambda p: p[1]) == [(last[t], t) for t in range(launch["tiles"])]
+    assert any(split == 0 for launch in shuffled_programs for split, _ in launch["merged"])
 
 
 # ------------------------------------------------------------------------------------------ argument checks
@@ -206,7 +334,7 @@ def valid_args(device: str = "cpu") -> dict:
     q, k, v = inputs((1, 4, 2, 16), (1, 2, 64, 16), torch.float32, device, seed=0)
     table = torch.tensor([[[0, 1, -1], [2, -1, 0]]], dtype=torch.int32, device=device)
     return dict(q=q, k_cache=k, v_cache=v, length=torch.tensor(10, device=device), block_table=table,
-                block_size=16, scale=None)
+                block_size=16, scale=None, merge="kernel")
 
 
 def _set(name, value):
@@ -249,6 +377,9 @@ BAD = [
     ("scale-nan", _set("scale", float("nan")), ValueError, "scale must be finite"),
     ("scale-zero", _set("scale", 0.0), ValueError, "scale must be finite and non-zero"),
     ("scale-str", _set("scale", "0.1"), TypeError, "scale must be a float"),
+    ("merge-name", _set("merge", "fused"), ValueError, "merge must be 'kernel' or 'separate', got 'fused'"),
+    ("merge-case", _set("merge", "Kernel"), ValueError, "merge must be 'kernel' or 'separate', got 'Kernel'"),
+    ("merge-none", _set("merge", None), TypeError, r"merge must be a str \('kernel' or 'separate'\), got NoneType"),
 ]
 
 
@@ -262,7 +393,7 @@ def test_bad_arguments_raise_before_any_launch(mutate, error, message, launches)
     assert "\n" not in str(info.value)
     assert launches == []
     static_decode(**args)
-    assert len(launches) == 2
+    assert len(launches) == 1
 
 
 def test_values_are_never_read_by_the_checks(device):
@@ -277,13 +408,15 @@ def test_values_are_never_read_by_the_checks(device):
 
 
 # ------------------------------------------------------------------------------------------ torch.compile
-def decode_step(q, k_cache, v_cache, length, block_table):
-    return static_decode(q, k_cache, v_cache, length, block_table, block_size=32) * 2
+def decode_step(q, k_cache, v_cache, length, block_table, merge="kernel"):
+    return static_decode(q, k_cache, v_cache, length, block_table, block_size=32, merge=merge) * 2
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("mode", ["dense", "table"])
-def test_compile_fullgraph_one_graph_for_every_length(backend, mode, device):
+@pytest.mark.parametrize("backend,mode,merge", [
+    ("eager", "dense", "kernel"), ("eager", "table", "kernel"), ("aot_eager", "dense", "kernel"),
+    ("aot_eager", "table", "kernel"), ("aot_eager", "dense", "separate"),
+])
+def test_compile_fullgraph_one_graph_for_every_length(backend, mode, merge, device):
     """``torch.compile(fullgraph=True)`` traces through the custom op (no graph break), gives the eager output,
     and a new length value (a new tensor, or the same one refilled in place) compiles nothing new."""
     torch._dynamo.reset()
@@ -294,10 +427,10 @@ def test_compile_fullgraph_one_graph_for_every_length(backend, mode, device):
     length = torch.tensor([40], dtype=torch.int32, device=device)
     for n in (40, 97, 128):
         length.fill_(n)
-        out = step(q, k, v, length, table)
-        torch.testing.assert_close(out, decode_step(q, k, v, length, table), atol=0, rtol=0)
+        out = step(q, k, v, length, table, merge)
+        torch.testing.assert_close(out, decode_step(q, k, v, length, table, merge), atol=0, rtol=0)
         check(out / 2, q, reference(q, k, v, n, table, 32))
-    out = step(q, k, v, torch.tensor([64], dtype=torch.int32, device=device), table)
+    out = step(q, k, v, torch.tensor([64], dtype=torch.int32, device=device), table, merge)
     check(out / 2, q, reference(q, k, v, 64, table, 32))
     assert counter.frame_count == 1
     assert counter.op_count >= 2  # the op and the product
@@ -308,12 +441,25 @@ def test_custom_op_registered():
     """The op is registered once under its name, with the schema the wrapper calls."""
     op = torch.ops.topo_attn.static_decode.default
     assert "Tensor? block_table" in str(op._schema) and "float scale" in str(op._schema)
+    assert 'str merge="kernel"' in str(op._schema)
+
+
+def test_counters_are_not_made_during_graph_capture(monkeypatch):
+    """Making the counters (a zeroing) during CUDA graph capture would capture it instead of running it: the
+    first call for a (device, tile count) raises there instead, saying what to do; existing counters serve."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setitem(sd.COUNTERS, (torch.device("cuda", 0), 3), "made before")
+    with pytest.raises(RuntimeError, match="call it once with these shapes before capturing"):
+        sd.merge_counters(torch.device("cuda", 0), 5)
+    assert sd.merge_counters(torch.device("cuda", 0), 3) == "made before"
+    assert (torch.device("cuda", 0), 5) not in sd.COUNTERS
 
 
 # ------------------------------------------------------------------------------------------ CUDA graphs
 @pytest.mark.cuda
+@pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("mode", ["dense", "table"])
-def test_one_cuda_graph_serves_every_length(mode):
+def test_one_cuda_graph_serves_every_length(mode, merge):
     """Captured once, replayed at several lengths set in place: the reference's answer at each, with no host
     sync in the eager call either."""
     B, H, H_kv, S_max, L, D, block_size = 2, 8, 2, 4096, 1, 128, 64
@@ -321,18 +467,43 @@ def test_one_cuda_graph_serves_every_length(mode):
     gen = torch.Generator().manual_seed(0)
     table = None if mode == "dense" else random_table(gen, (B, H_kv), 24, S_max // block_size).cuda()
     length = torch.tensor(1000, device="cuda")
-    static_decode(q, k, v, length, table, block_size=block_size)  # compile outside the checks
+    static_decode(q, k, v, length, table, block_size=block_size, merge=merge)  # compile outside the checks
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        static_decode(q, k, v, length, table, block_size=block_size)
+        static_decode(q, k, v, length, table, block_size=block_size, merge=merge)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = static_decode(q, k, v, length, table, block_size=block_size)
-    for n in (1, 64, 1000, 4000, S_max):
+        out = static_decode(q, k, v, length, table, block_size=block_size, merge=merge)
+    for n in (1, 64, 1000, 4000, S_max, 1000):
         length.fill_(n)
         graph.replay()
         torch.cuda.synchronize()
         check(out, q, reference(q, k, v, n, table, block_size))
+    assert all((c == 0).all() for c in sd.COUNTERS.values())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("num_splits", [None, 2, 37, 128])
+@pytest.mark.parametrize("mode", ["dense", "table"])
+def test_in_kernel_merge_under_concurrency(mode, num_splits):
+    """The in-kernel merge with the programs really running at once: 200 calls back to back without a sync
+    (random lengths, so each call's answer differs and a merge of stale or missing partials shows), then each
+    output against the reference, and the counters all zero at the end."""
+    B, H, H_kv, S_max, L, D, block_size = 2, 8, 2, 8192, 1, 128, 64
+    q, k, v = inputs((B, H, L, D), (B, H_kv, S_max, D), torch.bfloat16, "cuda", seed=0)
+    gen = torch.Generator().manual_seed(1)
+    table = None if mode == "dense" else random_table(gen, (B, H_kv), 96, S_max // block_size).cuda()
+    lengths = torch.randint(1, S_max + 1, (200,), generator=gen).tolist()
+    outs = [sd.static_decode_forward(q, k, v, torch.tensor(n, device="cuda"), table, block_size, D ** -0.5,
+                                     num_splits) for n in lengths]
+    torch.cuda.synchronize()
+    assert all((c == 0).all() for c in sd.COUNTERS.values())
+    for n, out in zip(lengths[:40], outs[:40]):
+        check(out, q, reference(q, k, v, n, table, block_size))
+    seps = [sd.static_decode_forward(q, k, v, torch.tensor(n, device="cuda"), table, block_size, D ** -0.5,
+                                     num_splits, "separate") for n in lengths]
+    for out, sep in zip(outs, seps):
+        torch.testing.assert_close(out, sep, atol=TOLERANCE[q.dtype], rtol=TOLERANCE[q.dtype])

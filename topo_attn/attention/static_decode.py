@@ -5,17 +5,32 @@ one ``torch.compile`` graph) serves every step of a generation.
 :func:`static_decode` is the public entry point: it checks its arguments (their metadata only: it never
 reads ``length`` or ``block_table`` back) and calls the custom op ``torch.ops.topo_attn.static_decode``
 (:func:`static_decode_op`, registered at import with a fake implementation, so ``torch.compile(fullgraph=True)``
-traces through it). The op trusts its inputs and launches two kernels, without a host sync:
+traces through it). The op trusts its inputs and, by default, launches one kernel, without a host sync:
 
-1. :func:`static_decode_split_kernel`, grid ``(num_splits, B * H / GROUP)``: each program reads the length
-   from the device, takes its chunk of the lane's key blocks (the ``cdiv(length, block_size)`` valid blocks
-   when dense, else its chunk of the ``W`` entries of the lane's block-table row) and runs the online softmax
-   over them (:func:`decode.decode_step`) for ``GROUP`` query heads x ``L`` queries of one key/value head.
-   Float32 partial outputs and base-2 log-sum-exps go to a workspace; empty chunks write ``-inf``.
-2. :func:`decode.decode_merge_kernel` merges the ``num_splits`` partials of each query.
+:func:`static_decode_split_kernel`, grid ``(num_splits, B * H / GROUP)``: each program reads the length from
+the device, takes its chunk of the lane's key blocks (the ``cdiv(length, block_size)`` valid blocks when
+dense, else its chunk of the ``W`` entries of the lane's block-table row) and runs the online softmax over
+them (:func:`decode.decode_step`) for ``GROUP`` query heads x ``L`` queries of one key/value head. Then:
+
+- ``merge="kernel"`` (the default), the split-K "semaphore": each program writes its float32 partial output
+  and base-2 log-sum-exp to a workspace (empty chunks write ``-inf``) and counts itself done on its tile's
+  counter (an int32 ``atomic_add``, acquire-release); the program that counts last merges the ``num_splits``
+  partials of its tile's queries (:func:`decode.merge_partials`, the math of :func:`decode.decode_merge_kernel`),
+  writes the output and sets the counter back to 0 for the next call. No program ever waits for another, so
+  any order of execution is fine. With one split the program writes its output directly (no counter).
+  (Triton's interpreter runs the programs one after another: only a GPU exercises the concurrent case.)
+- ``merge="separate"``: the partials only; :func:`decode.decode_merge_kernel` merges them in a second launch
+  (the two-launch path, kept for comparison).
+
+At batch 1 a decoding step lasts tens of microseconds and a launch costs a few, so one launch instead of two
+is worth having. The counters live in a small int32 workspace per (device, number of tiles), created zeroed
+on the first call (:func:`merge_counters`) and left zeroed by every call, so no call (and no replay of a
+captured CUDA graph) needs a memset. Because of that shared workspace, two streams must not run a
+``merge="kernel"`` static decode with the same number of tiles (``B * H / GROUP``) on one device at the
+same time; calls in order on one stream (or one captured graph) are fine.
 
 The grid, the split count and every compile-time constant come from shapes (``S_max``, ``W``, ``B``, ``H``,
-``L``, ``D``), never from the length's value.
+``L``, ``D``) and the merge mode, never from the length's value.
 """
 
 from __future__ import annotations
@@ -29,17 +44,63 @@ import triton.language as tl
 from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_int, check_kernel_block_size,
                        check_scale, check_tensor)
 from . import decode
-from .decode import decode_step
+from .decode import decode_step, merge_partials
 from .forward import LOG2E, mma_operand
 from .launch import INTERPRETED, launch
 
 LENGTH_DTYPES = (torch.int32, torch.int64)
 """The dtypes :func:`static_decode` takes for ``length``."""
 
+MERGE_MODES = ("kernel", "separate")
+"""The ``merge`` values :func:`static_decode` takes: the partials merged inside the split kernel by the last
+program of each tile (one launch), or by :func:`decode.decode_merge_kernel` (two launches)."""
+
+COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+"""The int32 split counters of ``merge="kernel"``, one workspace per (device, number of tiles), zero
+between calls (:func:`merge_counters`)."""
+
+
+@triton.jit
+def merge_tile(OutPart, LsePart, Out, first_lane, q_len, num_splits,
+               L_PAD: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MERGE_M: tl.constexpr, MERGE_S: tl.constexpr):
+    """Merge the ``num_splits`` partials of one tile's ``GROUP`` heads x ``L`` queries (in
+    :func:`static_decode_split_kernel`'s workspace ``OutPart``, ``LsePart``) into ``Out [B, H, L, D]``
+    (contiguous, cast to its dtype). ``first_lane``: ``b * H + h0``, the tile's first (batch, head) pair.
+
+    Works on ``MERGE_M`` tile rows at a time and folds ``MERGE_S`` splits per step
+    (:func:`decode.merge_partials`), so the registers hold at most ``MERGE_M * MERGE_S * D`` partial values
+    whatever the tile's size. A query whose partials are all ``-inf`` (it sees no key) gets zeros. The
+    partials are read at L2 (``.cg``): other SMs wrote them during this launch."""
+    dims = tl.arange(0, HEAD_DIM)
+    offs_s = tl.arange(0, MERGE_S)
+    for r0 in range(0, GROUP * L_PAD, MERGE_M):
+        # -- these tile rows' queries (rows past GROUP heads or L queries are padding)
+        rows = r0 + tl.arange(0, MERGE_M)
+        real = (rows // L_PAD < GROUP) & (rows % L_PAD < q_len)
+        query = (first_lane + rows // L_PAD) * q_len + rows % L_PAD
+        m_i = tl.full((MERGE_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((MERGE_M,), tl.float32)
+        acc = tl.zeros((MERGE_M, HEAD_DIM), tl.float32)
+
+        # -- fold the splits in, MERGE_S at a time
+        for s0 in range(0, num_splits, MERGE_S):
+            slots = query[:, None] * num_splits + (s0 + offs_s)[None, :]
+            present = real[:, None] & (s0 + offs_s < num_splits)[None, :]
+            lse = tl.load(LsePart + slots, mask=present, other=float("-inf"), cache_modifier=".cg")
+            o = tl.load(OutPart + slots[:, :, None] * HEAD_DIM + dims[None, None, :], mask=present[:, :, None],
+                        other=0.0, cache_modifier=".cg")
+            m_i, l_i, acc = merge_partials(m_i, l_i, acc, lse, o, 1)
+
+        # -- normalise and store (l = 0 for a query with no key: zeros)
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        tl.store(Out + query[:, None] * HEAD_DIM + dims[None, :], (acc / l_safe[:, None]).to(Out.dtype.element_ty),
+                 mask=real[:, None])
+
 
 @triton.jit(do_not_specialize=["q_len", "max_len", "table_width", "num_splits"])
 def static_decode_split_kernel(
-    Q, K, V, Length, Table, OutPart, LsePart,
+    Q, K, V, Length, Table, OutPart, LsePart, Out, Counters,
     qk_scale,  # softmax scale * log2(e)
     q_len, max_len, num_heads, kv_group, table_rows, table_width, num_splits,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -48,10 +109,11 @@ def static_decode_split_kernel(
     stride_tb, stride_tg, stride_tw,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, L_PAD: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DENSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, WRITE: tl.constexpr,
+    MERGE_M: tl.constexpr, MERGE_S: tl.constexpr,
 ):
-    """Grid ``(num_splits, B * H / GROUP)``: partial results of chunk ``split`` of the key blocks of query
-    heads ``h0 .. h0 + GROUP`` of batch ``b``.
+    """Grid ``(num_splits, B * H / GROUP)``: program ``(split, pid)`` attends with the queries of tile ``pid``
+    (query heads ``h0 .. h0 + GROUP`` of batch ``b``) to chunk ``split`` of their key blocks.
 
     ``Q [B, H, L, D]``, ``K, V [B, H_kv, S_max, D]`` are pointers (any strides, 64-bit offsets); query head
     ``h`` reads key/value head ``h // kv_group``, and ``GROUP`` divides ``kv_group`` (or is 1). Tile row ``m``
@@ -66,9 +128,17 @@ def static_decode_split_kernel(
     heads); its entries, split into chunks of ``cdiv(table_width, num_splits)``, are block indices in any
     order, each at most once; ``-1`` and blocks at or past ``cdiv(n, BLOCK_SIZE)`` are skipped.
 
-    Writes, for every real ``(b, h, i)``, slot ``split`` of ``OutPart [B, H, L, num_splits, D]`` (float32,
-    the chunk's normalised output; zeros where the query sees nothing) and of ``LsePart [B, H, L,
-    num_splits]`` (float32, base-2 log-sum-exp of the chunk; ``-inf`` where it sees nothing). Both contiguous."""
+    What it writes, by ``WRITE``, for every real ``(b, h, i)``:
+
+    - ``"partials"``: slot ``split`` of ``OutPart [B, H, L, num_splits, D]`` (float32, the chunk's normalised
+      output; zeros where the query sees nothing) and of ``LsePart [B, H, L, num_splits]`` (float32, base-2
+      log-sum-exp of the chunk; ``-inf`` where it sees nothing). Both contiguous. ``Out``, ``Counters`` unused.
+    - ``"merged"``: the partials, then one count on ``Counters[pid]`` (int32, 0 before the launch); the
+      program that counts last merges its tile's ``num_splits`` partials into ``Out [B, H, L, D]``
+      (:func:`merge_tile`, ``MERGE_M`` rows x ``MERGE_S`` splits at a time) and sets the counter back to 0.
+      Nothing waits, so the programs may run in any order.
+    - ``"direct"`` (``num_splits`` is 1: the chunk is the whole lane): the output straight into ``Out``.
+      ``OutPart``, ``LsePart``, ``Counters`` unused."""
     # -- which chunk and heads this program owns
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -129,25 +199,64 @@ def static_decode_split_kernel(
     out = tl.where(seen[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(seen, m_i + tl.math.log2(l_safe), float("-inf"))
 
-    # -- store slot `split` of each real query's partials
     query = (batch.to(tl.int64) * num_heads + heads) * q_len + qi
-    slot = query * num_splits + split
-    tl.store(LsePart + slot, lse, mask=real)
-    tl.store(OutPart + slot[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], out, mask=real[:, None])
+    dims = tl.arange(0, HEAD_DIM)
+    if WRITE == "direct":
+        # -- one split: the chunk is the whole lane, its output the answer
+        tl.store(Out + query[:, None] * HEAD_DIM + dims[None, :], out.to(Out.dtype.element_ty), mask=real[:, None])
+    else:
+        # -- store slot `split` of each real query's partials
+        slot = query * num_splits + split
+        tl.store(LsePart + slot, lse, mask=real)
+        tl.store(OutPart + slot[:, None] * HEAD_DIM + dims[None, :], out, mask=real[:, None])
+
+    if WRITE == "merged":
+        # -- count this split done (one thread, GPU scope): the barrier orders every thread's partial stores
+        #    before the count, whose release publishes them; its acquire shows this program the partials of
+        #    the splits that counted before
+        tl.debug_barrier()
+        done = tl.atomic_add(Counters + pid, 1, sem="acq_rel", scope="gpu")
+        if done == num_splits - 1:
+            # -- the last split of the tile to finish: merge every split's partials, write the output, and
+            #    reset the count for the next call (every split has counted: nothing else touches it now);
+            #    the barrier orders every thread's loads after the acquire
+            tl.debug_barrier()
+            merge_tile(OutPart, LsePart, Out, batch.to(tl.int64) * num_heads + head0, q_len, num_splits,
+                       L_PAD, GROUP, HEAD_DIM, MERGE_M, MERGE_S)
+            tl.store(Counters + pid, 0)
+
+
+def merge_counters(device: torch.device, count: int) -> torch.Tensor:
+    """The ``count`` int32 split counters of ``merge="kernel"`` on ``device``: made zeroed on the first call
+    for this (device, count) and kept in :data:`COUNTERS`; every launch leaves them zero again.
+
+    Raises ``RuntimeError`` when they do not exist yet and the current CUDA stream is capturing a graph (the
+    zeroing would be captured, not run): call once eagerly (a warm-up) before capturing."""
+    key = (device, count)
+    counters = COUNTERS.get(key)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"static_decode(merge='kernel') makes its split counters ({count} on {device}) on "
+                               f"its first call, which cannot happen during CUDA graph capture: call it once "
+                               f"with these shapes before capturing (or use merge='separate')")
+        counters = COUNTERS[key] = torch.zeros(count, dtype=torch.int32, device=device)
+    return counters
 
 
 def static_decode_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: torch.Tensor,
                           block_table: torch.Tensor | None, block_size: int, scale: float,
-                          num_splits: int | None = None) -> torch.Tensor:
-    """Launch :func:`static_decode_split_kernel` then :func:`decode.decode_merge_kernel`. The inputs are
-    assumed valid (as :func:`static_decode` checks them): nothing is checked here.
+                          num_splits: int | None = None, merge: str = "kernel") -> torch.Tensor:
+    """Launch :func:`static_decode_split_kernel`, which merges the splits itself (``merge="kernel"``), or
+    then :func:`decode.decode_merge_kernel` (``merge="separate"``). The inputs are assumed valid (as
+    :func:`static_decode` checks them): nothing is checked here.
 
     Arguments as in :func:`static_decode` (``scale`` resolved to a float); ``num_splits``: chunks per lane,
     ``None`` for the host's choice (:func:`decode.num_splits_for` over ``S_max`` keys when dense, over ``W``
     blocks with a table). Any value >= 1 is correct. Every launch parameter depends on shapes only.
 
-    Returns ``out [B, H, L, D]`` in q's dtype (fresh, contiguous). Allocates a float32 workspace of ``B * H *
-    L * num_splits * (D + 1)`` values; never syncs with the host."""
+    Returns ``out [B, H, L, D]`` in q's dtype (fresh, contiguous). With more than one split, allocates a
+    float32 workspace of ``B * H * L * num_splits * (D + 1)`` values, and with ``merge="kernel"`` uses the
+    counters of :func:`merge_counters` (``B * H / GROUP`` of them); never syncs with the host."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
     kv_group = heads // kv_heads
@@ -166,10 +275,24 @@ def static_decode_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         num_splits = decode.num_splits_for(span, block_size, programs, q.device, per_sm)
     config = decode.decode_config(block_size, head_dim, q.dtype, group, q_len)
 
-    out_part = torch.empty((batch, heads, q_len, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((batch, heads, q_len, num_splits), dtype=torch.float32, device=q.device)
+    # -- what the split kernel writes: the output (one split), partials it merges itself, or partials only
+    if merge == "separate":
+        write = "partials"
+    else:
+        write = "direct" if num_splits == 1 else "merged"
+    out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
+    if write == "direct":
+        out_part = lse_part = out  # (placeholders: never written)
+    else:
+        out_part = torch.empty((batch, heads, q_len, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((batch, heads, q_len, num_splits), dtype=torch.float32, device=q.device)
+    counters = merge_counters(q.device, programs) if write == "merged" else length  # (a placeholder otherwise)
+    # the in-kernel merge reads [MERGE_M rows, MERGE_S splits, D] partials per step: decode.MERGE_TILE values
+    merge_m = min(triton.next_power_of_2(group * l_pad), max(1, decode.MERGE_TILE // head_dim))
+    merge_s = min(triton.next_power_of_2(num_splits), max(1, decode.MERGE_TILE // (merge_m * head_dim)))
+
     launch(static_decode_split_kernel, (num_splits, programs), (
-        q, k_cache, v_cache, length, table, out_part, lse_part,
+        q, k_cache, v_cache, length, table, out_part, lse_part, out, counters,
         scale * LOG2E,
         q_len, max_len, heads, kv_group, table_rows, table_width, num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *(table.stride() if not dense else (0, 0, 0)),
@@ -177,10 +300,12 @@ def static_decode_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         BLOCK_SIZE=block_size, BLOCK_M=block_m, L_PAD=l_pad, GROUP=group, HEAD_DIM=head_dim, DENSE=dense,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UPCAST=INTERPRETED and q.dtype == torch.bfloat16,
+        WRITE=write, MERGE_M=merge_m if write == "merged" else 1, MERGE_S=merge_s if write == "merged" else 1,
         **config,
     ))
+    if write != "partials":
+        return out
 
-    out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
     block_s = min(decode.MERGE_PARTS, triton.next_power_of_2(num_splits))
     block_d = min(head_dim, max(16, decode.MERGE_TILE // block_s))
     launch(decode.decode_merge_kernel, (batch * heads * q_len, head_dim // block_d),
@@ -191,21 +316,23 @@ def static_decode_forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
 @torch.library.custom_op("topo_attn::static_decode", mutates_args=())
 def static_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: torch.Tensor,
-                     block_table: Optional[torch.Tensor], block_size: int, scale: float) -> torch.Tensor:
+                     block_table: Optional[torch.Tensor], block_size: int, scale: float,
+                     merge: str = "kernel") -> torch.Tensor:
     """The custom op ``torch.ops.topo_attn.static_decode``: :func:`static_decode_forward` with the host's
     split count. Trusts its inputs (see :func:`static_decode`); no gradient. (``Optional``, not ``| None``:
-    the form every torch's schema inference reads.)"""
-    return static_decode_forward(q, k_cache, v_cache, length, block_table, block_size, scale)
+    the form every torch's schema inference reads.) The split counters of ``merge="kernel"`` are internal
+    state that every call leaves as it found it (zero), so the op declares no mutation."""
+    return static_decode_forward(q, k_cache, v_cache, length, block_table, block_size, scale, merge=merge)
 
 
 @static_decode_op.register_fake
-def static_decode_fake(q, k_cache, v_cache, length, block_table, block_size, scale):
+def static_decode_fake(q, k_cache, v_cache, length, block_table, block_size, scale, merge="kernel"):
     return q.new_empty(q.shape)
 
 
 def static_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: torch.Tensor,
                   block_table: torch.Tensor | None = None, block_size: int = 64,
-                  scale: float | None = None) -> torch.Tensor:
+                  scale: float | None = None, merge: str = "kernel") -> torch.Tensor:
     """Attention of the ``L`` newest queries against the first ``length`` keys of a static key/value cache.
 
     Every launch parameter depends on the shapes only, and the valid length is read on the device, so one
@@ -231,6 +358,10 @@ def static_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         Tokens per key block.
     scale : float or None
         The softmax scale; None means ``1 / sqrt(D)``.
+    merge : {"kernel", "separate"}
+        Where the split partials are merged: in the split kernel by the last program of each tile, one launch
+        (the default; its counters make two streams running same-shaped calls at once on one device unsafe,
+        and it must be called once before CUDA graph capture), or in a second launch (for comparison).
 
     Returns
     -------
@@ -240,13 +371,16 @@ def static_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     Raises
     ------
     TypeError, ValueError
-        Before any launch, for a wrong type, dtype, shape, device, block size or scale. Only metadata is
-        checked: the values of ``length`` and ``block_table`` are never read."""
-    block_size, scale = check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale)
-    return static_decode_op(q, k_cache, v_cache, length, block_table, block_size, scale)
+        Before any launch, for a wrong type, dtype, shape, device, block size, scale or merge mode. Only
+        metadata is checked: the values of ``length`` and ``block_table`` are never read.
+    RuntimeError
+        With ``merge="kernel"``, on the first call for its device and tile count during CUDA graph capture."""
+    block_size, scale = check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale, merge)
+    return static_decode_op(q, k_cache, v_cache, length, block_table, block_size, scale, merge)
 
 
-def check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale) -> tuple[int, float]:
+def check_static_decode(q, k_cache, v_cache, length, block_table, block_size, scale,
+                        merge="kernel") -> tuple[int, float]:
     """The checks of :func:`static_decode` (metadata only); returns the block size and the resolved scale."""
     q, k_cache, v_cache = check_tensor("q", q), check_tensor("k_cache", k_cache), check_tensor("v_cache", v_cache)
     if q.ndim != 4:
@@ -307,4 +441,8 @@ def check_static_decode(q, k_cache, v_cache, length, block_table, block_size, sc
                 or block_table.shape[2] == 0:
             raise ValueError(f"block_table must have shape [B, G, W] with B = {batch}, G in "
                              f"{sorted({1, kv_heads, heads})} and W >= 1, got shape {tuple(block_table.shape)}")
+    if not isinstance(merge, str):
+        raise TypeError(f"merge must be a str ('kernel' or 'separate'), got {type(merge).__name__}")
+    if merge not in MERGE_MODES:
+        raise ValueError(f"merge must be 'kernel' or 'separate', got {merge!r}")
     return block_size, check_scale(scale, head_dim)

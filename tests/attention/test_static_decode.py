@@ -337,6 +337,11 @@ def valid_args(device: str = "cpu") -> dict:
                 block_size=16, scale=None, merge="kernel")
 
 
+def _on_device(tensor):
+    """``tensor`` moved to the device of the arguments' q (so that its own check, not the device's, fires)."""
+    return lambda a: tensor.to(a["q"].device)
+
+
 def _set(name, value):
     return lambda a: {**a, name: value(a) if callable(value) else value}
 
@@ -361,8 +366,8 @@ BAD = [
      ValueError, "S_max >= L"),
     ("length-int", _set("length", 10), TypeError, "length must be a torch.Tensor"),
     ("length-float", _set("length", lambda a: a["length"].float()), TypeError, "length must be an int32 or int64"),
-    ("length-bool", _set("length", torch.tensor(True)), TypeError, "length must be an int32 or int64"),
-    ("length-two", _set("length", torch.tensor([10, 11])), ValueError, "length must hold one element"),
+    ("length-bool", _set("length", _on_device(torch.tensor(True))), TypeError, "length must be an int32 or int64"),
+    ("length-two", _set("length", _on_device(torch.tensor([10, 11]))), ValueError, "length must hold one element"),
     ("length-device", _set("length", lambda a: a["length"].to("meta")), ValueError, "length is on meta"),
     ("block-24", _set("block_size", 24), ValueError, "block_size must be a power of two >= 16, got 24"),
     ("block-8", _set("block_size", 8), ValueError, "block_size must be a power of two >= 16, got 8"),
@@ -370,9 +375,9 @@ BAD = [
     ("table-list", _set("block_table", [[[0]]]), TypeError, "block_table must be a torch.Tensor"),
     ("table-int64", _set("block_table", lambda a: a["block_table"].long()), TypeError, "block_table must be an int32"),
     ("table-2d", _set("block_table", lambda a: a["block_table"][0]), ValueError, r"block_table must have shape \[B"),
-    ("table-groups", _set("block_table", torch.zeros(1, 3, 3, dtype=torch.int32)), ValueError, "G in"),
-    ("table-batch", _set("block_table", torch.zeros(2, 1, 3, dtype=torch.int32)), ValueError, "B = 1"),
-    ("table-width-0", _set("block_table", torch.zeros(1, 1, 0, dtype=torch.int32)), ValueError, "W >= 1"),
+    ("table-groups", _set("block_table", _on_device(torch.zeros(1, 3, 3, dtype=torch.int32))), ValueError, "G in"),
+    ("table-batch", _set("block_table", _on_device(torch.zeros(2, 1, 3, dtype=torch.int32))), ValueError, "B = 1"),
+    ("table-width-0", _set("block_table", _on_device(torch.zeros(1, 1, 0, dtype=torch.int32))), ValueError, "W >= 1"),
     ("table-device", _set("block_table", lambda a: a["block_table"].to("meta")), ValueError, "block_table is on meta"),
     ("scale-nan", _set("scale", float("nan")), ValueError, "scale must be finite"),
     ("scale-zero", _set("scale", 0.0), ValueError, "scale must be finite and non-zero"),
@@ -384,10 +389,10 @@ BAD = [
 
 
 @pytest.mark.parametrize("mutate,error,message", [pytest.param(*b[1:], id=b[0]) for b in BAD])
-def test_bad_arguments_raise_before_any_launch(mutate, error, message, launches):
+def test_bad_arguments_raise_before_any_launch(mutate, error, message, launches, device):
     """Each bad argument raises its error, one line naming it, and nothing was launched; the valid call beside
     it launches (so the check of no launch can fail)."""
-    args = valid_args()
+    args = valid_args(device)
     with pytest.raises(error, match=message) as info:
         static_decode(**mutate(args))
     assert "\n" not in str(info.value)

@@ -17,7 +17,10 @@ default ``torch.compile`` with CUDA graphs, the same for every row). The rows:
 
 ``ms_per_token`` is ``(T(1 + n) - T(1)) / n`` for ``n`` new tokens, each ``T`` the median wall time of a
 ``generate`` call after warm-up calls (which compile and capture), with the cache reset to the context
-length before each call; ``floor_ms`` is the step's bytes floor at the GPU's datasheet bandwidth: the weights,
+length before each call; ``matching_tokens``: how many new tokens, from the first, equal the recipe's in every
+sequence, and ``first_logit_diff`` the largest difference of the first new token's logits from the recipe's
+(with random weights the logits are close to one another, so a rounding difference can flip a greedy token);
+``floor_ms`` is the step's bytes floor at the GPU's datasheet bandwidth: the weights,
 the key/value blocks the step reads and, for a selector, its kept block statistics, read once. Needs
 transformers and a CUDA GPU.
 """
@@ -39,7 +42,7 @@ KIT_DENSE = "kit dense static cache compiled"
 NEW_TOKENS = 32
 BUDGET_TOKENS = 2048
 GENERATE_COLUMNS = ["case", "attention", "budget tokens", "ms / token", "/ recipe", "bytes floor ms",
-                    "/ floor", "tokens match"]
+                    "/ floor", "tokens match", "same tokens", "first-step max |logit diff|"]
 
 
 def fill_static_cache(cache, model, batch: int, context: int, seed: int = 0) -> None:
@@ -94,6 +97,17 @@ def generate_ms(model, cache, ids: torch.Tensor, context: int, new_tokens: int, 
     return statistics.median(times), out
 
 
+def first_step_logits(model, cache, ids: torch.Tensor, context: int, block_sizes: tuple[int, ...]) -> torch.Tensor:
+    """The logits (float32 ``[B, vocab]``) of the first new token after ``ids``, from the cache rewound to
+    ``context``."""
+    from ..integrations.cache import cache_argument
+
+    rewind(cache, context, block_sizes)
+    out = model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
+                         output_logits=True, **cache_argument(cache))
+    return out.logits[0].float()
+
+
 def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, stats: bool, peak_tbps: float) -> float:
     """The step's bytes floor (module docstring): weights + key/value blocks read (+ the statistics of every
     complete block for a selector), over ``peak_tbps``."""
@@ -145,6 +159,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
         fill_static_cache(cache, model, batch, context)
         one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup)
         many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup)
+        logits = first_step_logits(model, cache, ids, context, block_sizes)
         floor = bytes_floor_ms(model, case, context, budget_blocks, selector is not None, peak_tbps)
         ms = (many - one) / new_tokens
         print(f"  {case.name} {attention}: {ms:.2f} ms per token ({time.perf_counter() - started:.0f} s)",
@@ -154,7 +169,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
             torch.cuda.empty_cache()
         return dict(case=case.name, context=context, batch=batch, attention=attention, selector=selector,
                     budget_tokens=None if budget_blocks is None else budget_blocks * bs, ms_per_token=ms,
-                    floor_ms=floor, new_tokens=new_tokens, tokens=tokens)
+                    floor_ms=floor, new_tokens=new_tokens, tokens=tokens, logits=logits)
 
     rows = [timed(RECIPE, StaticCache, "sdpa")]
     dense = tat.register(selector="dense", block_size=bs, name="topo_generate_dense")
@@ -167,10 +182,15 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
     for row in rows:
         row["vs_recipe"] = row["ms_per_token"] / recipe["ms_per_token"]
         row["vs_floor"] = row["ms_per_token"] / row["floor_ms"]
+        new = row["tokens"][:, context + 1:]
+        same = (new == recipe["tokens"][:, context + 1:]).all(0)
+        row["matching_tokens"] = int(same.int().cumprod(0).sum())  # new tokens equal to the recipe's, from the first
+        row["first_logit_diff"] = float((row["logits"] - recipe["logits"]).abs().max())
         if row["attention"] == KIT_DENSE:
             row["tokens_match"] = bool(torch.equal(row["tokens"], recipe["tokens"]))
     for row in rows:
         row.pop("tokens")
+        row.pop("logits")
     return rows
 
 
@@ -180,6 +200,7 @@ def generate_markdown(rows: list[dict]) -> str:
     for r in rows:
         match = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
         lines.append(f"| {r['case']} | {r['attention']} | {r['budget_tokens'] or ''} | {r['ms_per_token']:.2f} | "
-                     f"{r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} |")
+                     f"{r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} | "
+                     f"{r['matching_tokens']} / {r['new_tokens'] + 1} | {r['first_logit_diff']:.2e} |")
     return "\n".join(lines)
 

@@ -43,8 +43,8 @@ FIXED_BUDGET = 32
 """The fixed budget of extra blocks per query block (2048 tokens with 64-token blocks)."""
 
 SLOW_SELECTORS_UP_TO = 8192
-"""Selectors that wait for the host (not ``sync_free``: the oracle's full attention, the cluster selectors'
-numpy cuts) run up to this many tokens."""
+"""Selectors whose scores wait for the host (``Selector.host_scores``: the oracle's full attention, the cluster
+selectors' numpy cuts) run up to this many tokens."""
 
 
 def calls_median_ms(fn: Callable[[], object], warmup: int = 1, repeats: int = 5) -> float:
@@ -151,7 +151,7 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
                    visited_fraction=float("nan"), max_logit_diff=float("nan"), syncs=float("nan"),
                    schedule_share=float("nan"), host_us_per_layer=float("nan"), skipped=None)
         rows.append(row)
-        if (selector in selection.SELECTORS and not selection.SELECTORS[selector].sync_free
+        if (selector in selection.SELECTORS and selection.SELECTORS[selector].host_scores
                 and seq_len > SLOW_SELECTORS_UP_TO):
             row["skipped"] = f"its scores wait for the host; run up to {SLOW_SELECTORS_UP_TO} tokens"
             continue

@@ -80,4 +80,4 @@ def block_scores(q, k, block_size, groups, dtype, clusters: int = 4, **_) -> tor
 
 SELECTOR = Selector("cluster", "persistence clusters (MST cut at its longest edges) ranked by query . cluster "
                     "centroid, then blocks by the centroid score", block_scores, query_aware=True,
-                    topology_aware=True, sync_free=False)
+                    topology_aware=True, sync_free=False, host_scores=True)

@@ -16,4 +16,4 @@ def block_scores(q, k, block_size, groups, dtype, clusters: int = 4, **_) -> tor
 
 
 SELECTOR = Selector("cluster_centroid", "centroid score + the score of the block's persistence cluster",
-                    block_scores, query_aware=True, topology_aware=True, sync_free=False)
+                    block_scores, query_aware=True, topology_aware=True, sync_free=False, host_scores=True)

@@ -51,4 +51,4 @@ def token_scores(q, k, block_size, scale, seed) -> Scorer:
 
 
 SELECTOR = Selector("oracle", "the true attention mass of each block (an upper bound at equal budget)",
-                    block_scores, None, token_scores, query_aware=True, sync_free=False)
+                    block_scores, None, token_scores, query_aware=True, sync_free=False, host_scores=True)

@@ -533,7 +533,8 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
         table = None if dense else step_block_table(settings.selector, query, stats, state.length, settings.sinks,
                                                     settings.window, settings.budget)
-        out = static_decode(query, key, value, state.length, table, settings.block_size, scaling)
+        # two launches (split, merge): the one-launch merge (merge="kernel") has not run on a GPU yet
+        out = static_decode(query, key, value, state.length, table, settings.block_size, scaling, merge="separate")
         return out.transpose(1, 2).contiguous(), None
     valid = int(state.length)  # one read on the host: an eager call (the prefill, a chunk)
     return _attention(name, module, query, key[..., :valid, :], value[..., :valid, :], None, scaling, dropout,

@@ -89,6 +89,26 @@ def decode_step(
     return m_new, l_i, acc
 
 
+@triton.jit
+def query_tile(Q, batch, head0, kv_len, q_len, stride_qb, stride_qh, stride_qm, stride_qd,
+               BLOCK_M: tl.constexpr, L_PAD: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               UPCAST: tl.constexpr):
+    """The query tile of a decode program: tile row ``m`` is query head ``head0 + m // L_PAD`` and query
+    ``m % L_PAD`` of batch ``batch`` (rows past ``GROUP`` heads or ``q_len`` queries are padding, loaded as
+    zeros). Returns ``(q [BLOCK_M, HEAD_DIM], q_pos, real, heads, qi)``: the tile (an MMA operand), each row's
+    position ``kv_len - q_len + qi``, whether it is a real query, its head (int64) and its query index."""
+    offs_m = tl.arange(0, BLOCK_M)
+    g = offs_m // L_PAD
+    qi = offs_m % L_PAD
+    q_pos = kv_len - q_len + qi
+    real = (g < GROUP) & (qi < q_len)
+    heads = (head0 + g).to(tl.int64)
+    q_ptrs = (Q + batch.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + qi[:, None].to(tl.int64) * stride_qm
+              + tl.arange(0, HEAD_DIM)[None, :] * stride_qd)
+    q = mma_operand(tl.load(q_ptrs, mask=real[:, None], other=0.0), UPCAST)
+    return q, q_pos, real, heads, qi
+
+
 @triton.jit(do_not_specialize=["kv_len", "q_len", "first_query_block", "num_splits"])
 def decode_split_kernel(
     Q, K, V, OutPart, LsePart, Offsets, Indices,
@@ -127,20 +147,13 @@ def decode_split_kernel(
     q_block = first_query_block + r
     row = lane * rows_per_lane + r
 
-    # -- tile rows: (head, query) pairs; positions, padding, and which queries lie in this row's block
-    offs_m = tl.arange(0, BLOCK_M)
-    g = offs_m // L_PAD
-    qi = offs_m % L_PAD
-    q_pos = kv_len - q_len + qi
-    real = (g < GROUP) & (qi < q_len)
+    # -- the query tile, loaded once; which of its queries lie in this row's block
+    q, q_pos, real, heads, qi = query_tile(Q, batch, head0, kv_len, q_len, stride_qb, stride_qh, stride_qm,
+                                           stride_qd, BLOCK_M, L_PAD, GROUP, HEAD_DIM, UPCAST)
     mine = real & (q_pos // BLOCK_SIZE == q_block)
     offs_n = tl.arange(0, BLOCK_N)
 
-    # -- load the query tile once (padding rows as zeros); running max (base 2), normaliser, accumulator
-    heads = (head0 + g).to(tl.int64)
-    q_ptrs = (Q + batch.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + qi[:, None].to(tl.int64) * stride_qm
-              + tl.arange(0, HEAD_DIM)[None, :] * stride_qd)
-    q = mma_operand(tl.load(q_ptrs, mask=real[:, None], other=0.0), UPCAST)
+    # -- running max (base 2), normaliser, accumulator
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)

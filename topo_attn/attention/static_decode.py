@@ -44,8 +44,8 @@ import triton.language as tl
 from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_int, check_kernel_block_size,
                        check_scale, check_tensor)
 from . import decode
-from .decode import decode_step, merge_partials
-from .forward import LOG2E, mma_operand
+from .decode import decode_step, merge_partials, query_tile
+from .forward import LOG2E
 from .launch import INTERPRETED, launch
 
 LENGTH_DTYPES = (torch.int32, torch.int64)
@@ -151,19 +151,12 @@ def static_decode_split_kernel(
     kv_len = tl.minimum(tl.maximum(tl.load(Length), 0), max_len).to(tl.int32)
     valid_blocks = tl.cdiv(kv_len, BLOCK_SIZE)
 
-    # -- tile rows: (head, query) pairs and their positions; padding rows are not real
-    offs_m = tl.arange(0, BLOCK_M)
-    g = offs_m // L_PAD
-    qi = offs_m % L_PAD
-    q_pos = kv_len - q_len + qi
-    real = (g < GROUP) & (qi < q_len)
+    # -- the query tile ((head, query) pairs, their positions; padding rows are not real), loaded once
+    q, q_pos, real, heads, qi = query_tile(Q, batch, head0, kv_len, q_len, stride_qb, stride_qh, stride_qm,
+                                           stride_qd, BLOCK_M, L_PAD, GROUP, HEAD_DIM, UPCAST)
     offs_n = tl.arange(0, BLOCK_N)
 
-    # -- load the query tile once (padding rows as zeros); running max (base 2), normaliser, accumulator
-    heads = (head0 + g).to(tl.int64)
-    q_ptrs = (Q + batch.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + qi[:, None].to(tl.int64) * stride_qm
-              + tl.arange(0, HEAD_DIM)[None, :] * stride_qd)
-    q = mma_operand(tl.load(q_ptrs, mask=real[:, None], other=0.0), UPCAST)
+    # -- running max (base 2), normaliser, accumulator
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)

@@ -1,6 +1,7 @@
 """Selection for a decode step over a static key cache (topo_attn.selection.static_step): the statistics kept in
-place equal KeyBlockStats' whatever lies past the length, the step's table holds select_for_queries' blocks, one
-traced graph serves every length, and the errors."""
+place equal KeyBlockStats' whatever lies past the length, the step's table holds select_for_queries' blocks (for
+topology: the ranking of the kept salience, tests/selection/test_kept_salience.py), one traced graph serves every
+length, and the errors."""
 
 from __future__ import annotations
 
@@ -101,14 +102,16 @@ def test_update_keeps_the_block_statistics(dtype, max_len, prefill, chunk, last)
 
 
 def test_the_registry_says_which_selectors_have_a_static_step():
-    assert STATIC_SELECTORS == names("step", static_step=True) == ("window", "centroid", "quest")
+    assert STATIC_SELECTORS == names("step", static_step=True) == ("window", "topology", "centroid", "quest")
     assert all(SELECTORS[name].step_scores is not None for name in STATIC_SELECTORS)
 
 
 CONFIGS = [(1, 1, 3), (0, 0, 2), (2, 2, 4), (1, 0, 0), (0, 1, 1), (2, 1, 30)]  # budget 30 > nb_max = 19
+EXACT = tuple(name for name in STATIC_SELECTORS if name != "topology")
+"""The selectors whose step ranks what select_for_queries ranks (topology ranks its kept salience)."""
 
 
-@pytest.mark.parametrize("selector", STATIC_SELECTORS)
+@pytest.mark.parametrize("selector", EXACT)
 @pytest.mark.parametrize("sinks, window, budget", CONFIGS)
 def test_the_table_holds_the_blocks_of_select_for_queries(selector, sinks, window, budget):
     """Decoding from length 1 to S_max (GQA, B = 2, float64 statistics): the rows of every step of the first
@@ -157,14 +160,17 @@ def test_float32_statistics_choose_blocks_as_good(selector):
             assert total == pytest.approx(best, rel=1e-5, abs=1e-5), f"length {length}"
 
 
-@pytest.mark.parametrize("selector, dtype", [("quest", torch.float32), ("centroid", torch.float64)])
+@pytest.mark.parametrize("selector, dtype", [("quest", torch.float32), ("centroid", torch.float64),
+                                             ("topology", torch.float32)])
 def test_one_traced_graph_serves_every_step(selector, dtype):
     """update + step_block_table trace to one graph without a break (fullgraph), and later steps at other lengths
-    and positions run it again without recompiling, with the eager results."""
+    and positions (inside a block, completing one, after one) run it again without recompiling, with the eager
+    results."""
     torch._dynamo.reset()
     buffer, keys = _cache(2, 2, 120, 8, seed=13)
     buffer[...] = keys
-    traced, eager = (StaticBlockStats.for_cache(buffer, BS, dtype) for _ in range(2))
+    salience = selector == "topology"
+    traced, eager = (StaticBlockStats.for_cache(buffer, BS, dtype, salience) for _ in range(2))
     for stats in (traced, eager):
         stats.update(buffer, torch.tensor(0), 30)
 
@@ -175,12 +181,14 @@ def test_one_traced_graph_serves_every_step(selector, dtype):
     counter = CompileCounter()
     compiled = torch.compile(step, fullgraph=True, backend=counter)
     gen = torch.Generator().manual_seed(14)
-    for position in (30, 31, 32, 47, 48, 90):
+    for position in (30, 31, 32, 47, 48, 90, 95):
         q = torch.randn(2, 4, 1, 8, generator=gen)
         start, length = torch.tensor([position]), torch.tensor([position + 1])
         got, want = compiled(traced, start, length, q), step(eager, start, length, q)
         assert [set(row) for row in _rows(got)] == [set(row) for row in _rows(want)]
         assert torch.equal(traced.centroids, eager.centroids) and torch.equal(traced.hi, eager.hi)
+        if salience:
+            assert torch.equal(traced.salience, eager.salience)
     assert counter.frame_count == 1
 
 
@@ -199,8 +207,10 @@ def _error_cases():
         (lambda s, k, q: s.update(k, torch.tensor(0), 41), ValueError, "q_len must be <= the cache's 40"),
     ]
     step_cases = [
-        (lambda s, k, q: step_block_table("topology", q, s, torch.tensor(9)), ValueError,
-         r"must be one of \['window', 'centroid', 'quest'\]"),
+        (lambda s, k, q: step_block_table("random", q, s, torch.tensor(9)), ValueError,
+         r"must be one of \['window', 'topology', 'centroid', 'quest'\]"),
+        (lambda s, k, q: step_block_table("topology", q, StaticBlockStats(2, 2, 40, 8, BS), torch.tensor(9)),
+         ValueError, "make the statistics with salience=True"),
         (lambda s, k, q: step_block_table(3, q, s, torch.tensor(9)), TypeError, "selector must be a str"),
         (lambda s, k, q: step_block_table("quest", q, KeyBlockStats(BS), torch.tensor(9)), TypeError,
          "stats must be a StaticBlockStats"),
@@ -223,6 +233,8 @@ def _error_cases():
     build_cases = [
         (lambda s, k, q: StaticBlockStats(2, 2, 40, 8, 0), ValueError, "block_size must be >= 1"),
         (lambda s, k, q: StaticBlockStats(2, 2, 40, 8, BS, torch.float16), TypeError, "dtype must be"),
+        (lambda s, k, q: StaticBlockStats(2, 2, 40, 8, BS, salience=1), TypeError, "salience must be a bool"),
+        (lambda s, k, q: StaticBlockStats.for_cache(k, BS, salience="yes"), TypeError, "salience must be a bool"),
         (lambda s, k, q: StaticBlockStats.for_cache(k[0], BS), ValueError, r"\[B, H_kv, S_max, D\]"),
     ]
     return update_cases + step_cases + build_cases
@@ -230,13 +242,14 @@ def _error_cases():
 
 @pytest.mark.parametrize("case", range(len(_error_cases())))
 def test_errors_raise_before_any_work(case):
-    """Each bad argument raises naming it; the statistics are left as they were (the keys given differ from the
-    ones they hold, so an update that went ahead would change them)."""
+    """Each bad argument raises naming it; the statistics (the kept salience too) are left as they were (the keys
+    given differ from the ones they hold, so an update that went ahead would change them)."""
     call, error, match = _error_cases()[case]
     gen = torch.Generator().manual_seed(case)
-    stats = StaticBlockStats(2, 2, 40, 8, BS)
+    stats = StaticBlockStats(2, 2, 40, 8, BS, salience=True)
     stats.update(torch.randn(2, 2, 40, 8, generator=gen), torch.tensor(0), 40)
-    before = [t.clone() for t in (stats.centroids, stats.lo, stats.hi)]
+    buffers = (stats.centroids, stats.lo, stats.hi, stats.salience)
+    before = [t.clone() for t in buffers]
     with pytest.raises(error, match=match):
         call(stats, torch.randn(2, 2, 40, 8, generator=gen), torch.randn(2, 4, 1, 8, generator=gen))
-    assert all(torch.equal(a, b) for a, b in zip(before, (stats.centroids, stats.lo, stats.hi)))
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers))

@@ -27,8 +27,9 @@ def _dyadic(shape, seed: int, levels: int = 8) -> torch.Tensor:
 
 
 def _stats(keys: torch.Tensor, block_size: int = BS) -> StaticBlockStats:
-    """float32 statistics of the whole static cache ``keys`` (both paths read the same buffers)."""
-    stats = StaticBlockStats.for_cache(keys, block_size)
+    """float32 statistics of the whole static cache ``keys``, the kept salience too (both paths read the same
+    buffers)."""
+    stats = StaticBlockStats.for_cache(keys, block_size, salience=True)
     return stats.update(keys, torch.tensor(0), keys.shape[2])
 
 
@@ -69,7 +70,7 @@ def test_kernel_gives_the_torch_paths_table(selector, heads, kv_heads, sinks, wi
     compare_paths(selector, q, _stats(keys), sinks, window, budget)
 
 
-@pytest.mark.parametrize("selector", ["centroid", "quest"])
+@pytest.mark.parametrize("selector", ["centroid", "quest", "topology"])
 def test_many_blocks_several_tiles(selector, device):
     """150 blocks (several tiles of blocks per program, a padded row of 256), head dim 24 (padded to 32), an
     int32 length, a query of strides that are not contiguous."""
@@ -148,6 +149,26 @@ def test_gaussian_inputs_choose_as_well(selector, dtype, device):
             assert sum(picked_scores) == pytest.approx(best, rel=1e-5, abs=1e-5), f"length {n}"
 
 
+def test_kept_salience_ties_and_infinities(device):
+    """topology's scores are the kept salience as it is: set by hand to dyadic values with many ties, a few inf
+    (block 0's bar) and zeros, the kernel's rows equal the torch path's, and list the chosen blocks best first,
+    ties lower first."""
+    sinks, window, budget = 0, 1, 5
+    stats = StaticBlockStats(2, 2, 150, 16, BS, salience=True, device=device)
+    stats.salience.copy_(_dyadic(stats.salience.shape, seed=15, levels=2).abs())
+    stats.salience[:, 1, 3] = float("inf")
+    stats.salience[0, :, 0] = float("inf")
+    q = _dyadic((2, 4, 1, 16), seed=16).to(device)
+    compare_paths("topology", q, stats, sinks, window, budget)
+    compare_paths("topology", q, stats, 2, 0, 30)
+    table = step_block_table("topology", q, stats, torch.tensor(150, device=device), sinks, window, budget,
+                             fused=True)
+    salience = stats.salience.cpu()
+    for lane, row in enumerate(table[..., sinks + window + 1:].reshape(4, -1).tolist()):
+        keys = [(-float(salience.reshape(4, -1)[lane, b]), b) for b in row]
+        assert keys == sorted(keys), f"lane {lane}: {row}"
+
+
 def _as_float64(stats: StaticBlockStats) -> StaticBlockStats:
     copy = StaticBlockStats(*stats.lo.shape[:2], stats.max_len, stats.lo.shape[3], stats.block_size, torch.float64,
                             stats.lo.device)
@@ -210,10 +231,12 @@ def test_dispatch(launches):
     stats, length = _stats(keys), torch.tensor(33)
     for fused in (None, False):
         step_block_table("quest", q, stats, length, fused=fused)
+        step_block_table("topology", q, stats, length, fused=fused)
     assert launches == []
     step_block_table("quest", q, stats, length, fused=True)
     step_block_table("window", q, _as_float64(stats), length, fused=True)
-    assert launches == ["quest", "none"]
+    step_block_table("topology", q, stats, length, fused=True)
+    assert launches == ["quest", "none", "salience"]
 
 
 def test_bad_arguments_raise(launches):
@@ -231,6 +254,8 @@ def test_bad_arguments_raise(launches):
          ValueError, "the statistics are on meta: the kernel needs a CUDA device"),
         (lambda: step_block_table("quest", q, float64, torch.tensor(9), fused=1), TypeError,
          "fused must be None, True or False, got int 1"),
+        (lambda: step_block_table("topology", q, StaticBlockStats(1, 1, 40, 8, BS), torch.tensor(9), fused=True),
+         ValueError, "make the statistics with salience=True"),
     ]
     for call, error, match in cases:
         with pytest.raises(error, match=match):

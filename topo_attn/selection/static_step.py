@@ -6,13 +6,15 @@ decode step, so nothing a step does may depend on the cache's length as a Python
 
 :class:`StaticBlockStats` keeps the statistics of :class:`~topo_attn.selection.incremental.KeyBlockStats` (each
 key block's centroid, element-wise minimum and maximum) in buffers of ``nb_max = ceil(S_max / block_size)``
-blocks allocated once; :meth:`~StaticBlockStats.update` recomputes in place the blocks a step wrote.
+blocks allocated once, and, when asked for, ``topology``'s kept salience (:mod:`.kept_salience`: a bar per block,
+changed when a block completes); :meth:`~StaticBlockStats.update` recomputes in place the blocks a step wrote.
 :func:`step_block_table` gives the step's key blocks per key/value head as a table of fixed width: the rule's
 base (the sinks, the window and the query's own block) and the ``budget`` best candidates, scored by the
 selector's own step scores over every block and masked against the device length. Its rows hold the blocks of
-:func:`~topo_attn.selection.incremental.select_for_queries` for the same step. On a CUDA device it takes one
-launch (:mod:`.static_step_kernel`: scores, masks, ranking and the row in one Triton kernel); elsewhere, and
-where the kernel does not apply, torch ops.
+:func:`~topo_attn.selection.incremental.select_for_queries` for the same step, except ``topology``'s, which rank
+the kept salience instead of the exact salience of the prefix (an approximation, measured by
+:mod:`.static_quality`). On a CUDA device it takes one launch (:mod:`.static_step_kernel`: scores, masks,
+ranking and the row in one Triton kernel); elsewhere, and where the kernel does not apply, torch ops.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._checks import check_int, check_tensor
 from ..rule import budget_candidates
 from ..schedule import num_blocks
 from ..topology.persistence import block_means
+from .kept_salience import update_kept_salience
 from .registry import get, names
 from .stats import key_block_bounds
 from .topk import ranked_candidates
@@ -30,12 +33,15 @@ from .topk import ranked_candidates
 STATIC_SELECTORS = names("step", static_step=True)
 """The selectors :func:`step_block_table` supports (the registry's ``static_step`` flag)."""
 
-FUSED_SCORES = {"window": "none", "centroid": "centroid", "quest": "quest"}
+FUSED_SCORES = {"window": "none", "topology": "salience", "centroid": "centroid", "quest": "quest"}
 """The selectors the one-launch kernel (:mod:`.static_step_kernel`) computes, with the kernel's score."""
 
 FUSED_MAX_BLOCKS = 4096
 """The most blocks (``nb_max``) one program of the kernel scores and ranks; ``fused=None`` takes the torch path
 beyond."""
+
+REBUILD_GROUP = 256
+"""Blocks per group of :meth:`StaticBlockStats.rebuild_salience` (its distances are ``[B, H_kv, group, nb_max]``)."""
 
 _STATS_DTYPES = (torch.float32, torch.float64)
 
@@ -61,41 +67,54 @@ class StaticBlockStats:
     """Per key block statistics of one layer's static key cache ``[B, H_kv, S_max, D]``, in buffers allocated
     once (a CUDA graph captures their storage): ``centroids``, ``lo``, ``hi``, ``[B, H_kv, nb_max, D]`` in
     ``dtype``, the mean, element-wise minimum and maximum of each block's keys (as
-    :class:`~topo_attn.selection.incremental.KeyBlockStats`), ``nb_max = ceil(S_max / block_size)``.
+    :class:`~topo_attn.selection.incremental.KeyBlockStats`), ``nb_max = ceil(S_max / block_size)``; ``salience``,
+    ``[B, H_kv, nb_max]`` in ``dtype`` when asked for (else None), ``topology``'s kept salience: each complete
+    block's bar under :mod:`.kept_salience`'s rule (block 0: ``inf``), set when the block completes and shortened
+    when later ones complete.
 
     A block is as fresh as the last :meth:`update` that touched it: complete blocks hold their statistics, the
     block being filled its partial ones (its keys so far), later blocks anything (zeros, or what an earlier
     sequence left). Updates must cover the cache from position 0 on, each starting at or before the previous
-    one's end (append, or rewrite from an earlier position).
+    one's end (append, or rewrite from an earlier position). A rewrite from position 0 (a new prompt) starts the
+    kept salience over exactly; one from a later position keeps the shortening that the overwritten blocks made
+    to the earlier blocks' bars (:meth:`rebuild_salience` recomputes them).
 
     Arguments:
         batch, kv_heads, max_len, head_dim: the cache's sizes ``B, H_kv, S_max, D``, ints ``>= 1``.
         block_size: tokens per block, ``>= 1``.
         dtype: the statistics' dtype, float32 (default) or float64 (exact comparisons).
         device: where the buffers live (the cache's device).
+        salience: keep ``topology``'s salience too (a bool; its update costs one row of ``nb_max`` centroid
+            distances per touched block and step).
 
     Raises:
-        TypeError: a non-int size or another dtype. ValueError: a size below 1.
+        TypeError: a non-int size, another dtype, a ``salience`` that is not a bool. ValueError: a size below 1.
     """
 
     def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, block_size: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 salience: bool = False) -> None:
         sizes = [check_int(name, value, 1) for name, value in (("batch", batch), ("kv_heads", kv_heads),
                                                                  ("max_len", max_len), ("head_dim", head_dim))]
         self.block_size = check_int("block_size", block_size, 1)
         if dtype not in _STATS_DTYPES:
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        if not isinstance(salience, bool):
+            raise TypeError(f"salience must be a bool, got {type(salience).__name__} {salience!r}")
         batch, kv_heads, self.max_len, head_dim = sizes
         shape = (batch, kv_heads, num_blocks(self.max_len, self.block_size), head_dim)
         self.centroids, self.lo, self.hi = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(3))
+        self.salience = torch.zeros(shape[:-1], dtype=dtype, device=device) if salience else None
 
     @classmethod
-    def for_cache(cls, keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32) -> StaticBlockStats:
-        """Statistics for the static key cache ``keys`` ``[B, H_kv, S_max, D]`` (its sizes and device)."""
+    def for_cache(cls, keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32,
+                  salience: bool = False) -> StaticBlockStats:
+        """Statistics for the static key cache ``keys`` ``[B, H_kv, S_max, D]`` (its sizes and device); ``salience``
+        as in the constructor."""
         keys = check_tensor("keys", keys)
         if keys.ndim != 4:
             raise ValueError(f"keys must have shape [B, H_kv, S_max, D], got shape {tuple(keys.shape)}")
-        return cls(*keys.shape, block_size, dtype, keys.device)
+        return cls(*keys.shape, block_size, dtype, keys.device, salience)
 
     @property
     def num_blocks(self) -> int:
@@ -108,7 +127,10 @@ class StaticBlockStats:
 
         Fixed shapes: ``ceil((q_len - 1) / block_size) + 1`` blocks from ``start // block_size`` (clamped to the
         last block) whatever ``start`` is, so a prefill (``q_len`` large) and a decode step (``q_len = 1``) each
-        trace to one graph.
+        trace to one graph. The kept salience (when there is one) takes the bars of the blocks that completed in
+        this update (those touched whose last key is now written) and the shortening they make, in the same fixed
+        shapes (:func:`~topo_attn.selection.kept_salience.update_kept_salience`; a step that completes no block
+        writes the values back unchanged).
 
         Arguments:
             keys: the whole static cache ``[B, H_kv, S_max, D]``, floating, on the statistics' device.
@@ -143,6 +165,35 @@ class StaticBlockStats:
         empty = (count == 0)[:, None]  # a block past the end (the last of T when start is aligned): zeros
         for buffer, value in ((self.centroids, centroids), (self.lo, lo), (self.hi, hi)):
             buffer.index_copy_(2, blocks, value.masked_fill(empty, 0))
+        if self.salience is not None:  # every touched block ends at or after start: complete means completed now
+            update_kept_salience(self.salience, self.centroids, blocks, count == bs)
+        return self
+
+    def rebuild_salience(self, length: torch.Tensor) -> StaticBlockStats:
+        """(Re)compute the kept salience from the centroids: every block complete at ``length`` takes its bar as if
+        the blocks had completed one after the other (exact under the rule, whatever updates came before: after a
+        rewrite from a later position, or on statistics made without a salience, which get the buffer here).
+
+        The centroids must be up to date for the keys before ``length`` (call it after :meth:`update`). Fixed
+        shapes, no host sync: ``O(nb_max^2 D)`` once, in groups of :data:`REBUILD_GROUP` blocks. Allocating the
+        buffer changes what a captured graph would have to hold: do that outside one.
+
+        Arguments:
+            length: integer tensor of one element on the statistics' device, the valid keys.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            TypeError, ValueError: a ``length`` that is not such a tensor.
+        """
+        length = _check_position("length", length, self.lo.device).reshape(()).to(torch.int64)
+        if self.salience is None:
+            self.salience = torch.zeros(self.lo.shape[:-1], dtype=self.lo.dtype, device=self.lo.device)
+        bs, device = self.block_size, self.lo.device
+        for first in range(0, self.num_blocks, REBUILD_GROUP):  # groups in order: as one block after the other
+            blocks = torch.arange(first, min(first + REBUILD_GROUP, self.num_blocks), device=device)
+            update_kept_salience(self.salience, self.centroids, blocks, (blocks + 1) * bs <= length)
         return self
 
     def _check_update(self, keys: object, start: object, q_len: object) -> int:
@@ -174,11 +225,13 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     :func:`~topo_attn.selection.topk.ranked_candidates` ranks them: ties to the lower block), each at most
     once, ``-1`` in every other slot. The query heads of a group choose together. Scores come from the selector's
     step scores over all ``nb_max`` blocks in the statistics' dtype; the candidates are masked against the device
-    ``length``.
+    ``length``. ``topology`` ranks the statistics' kept salience (:mod:`.kept_salience`), not the exact salience
+    of the prefix that ``select_for_queries`` ranks: the step computes nothing but the ranking.
 
     Two paths give these rows. The torch path: the step scores, the masks, the order keys, ``topk`` and the row's
     assembly (several launches). The kernel (:func:`~topo_attn.selection.static_step_kernel.static_step_table`):
-    all of it in one launch, float32 statistics only, ``nb_max <= FUSED_MAX_BLOCKS``. Both write the base in
+    all of it in one launch (``topology``: the kept salience as the scores), float32 statistics only,
+    ``nb_max <= FUSED_MAX_BLOCKS``. Both write the base in
     the same slots (the sinks, then the window ``qb - window .. qb``); the chosen blocks follow in some order on
     the torch path, best first in the kernel. Their scores are float32 sums taken in different orders, so at a
     tie within rounding they may choose differently; where the scores are equal bit for bit (exact
@@ -187,7 +240,8 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     Arguments:
         selector: one of :data:`STATIC_SELECTORS`.
         q: ``[B, H, 1, D]``, floating, one query per sequence, ``H`` a multiple of the statistics' ``H_kv``.
-        stats: the cache's :class:`StaticBlockStats`, updated for this step (its keys up to ``length``).
+        stats: the cache's :class:`StaticBlockStats`, updated for this step (its keys up to ``length``); for
+            ``topology``, made with ``salience=True``.
         length: integer tensor of one element on the statistics' device: the valid keys, this query's included
             (``1 <= length <= S_max``; not checked: that would read the device).
         sinks, window, budget: ints ``>= 0``, as in :func:`~topo_attn.selection.select`.
@@ -198,7 +252,8 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
         int32 ``[B, H_kv, sinks + window + 1 + budget]`` on the statistics' device.
 
     Raises:
-        ValueError: a selector without a static step, shapes or devices that do not fit, a negative size;
+        ValueError: a selector without a static step, ``topology`` on statistics that keep no salience, shapes
+            or devices that do not fit, a negative size;
             ``fused=True`` where the kernel does not apply (float64 statistics, ``nb_max > FUSED_MAX_BLOCKS``,
             a device that is neither CUDA nor the interpreter's CPU).
         TypeError: a non-str selector, statistics of another kind, a non-integer ``length``, a non-int size,
@@ -206,12 +261,20 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     """
     chooser = get(selector, "step", static_step=True)
     _check_step(q, stats, length)
+    if chooser.topology_aware and stats.salience is None:
+        raise ValueError(f"selector {selector!r} ranks the kept salience: make the statistics with salience=True "
+                         f"(StaticBlockStats(..., salience=True) or StaticBlockStats.for_cache(keys, block_size, "
+                         f"salience=True)), got statistics without one")
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
     if _takes_kernel(selector, stats, fused):
         from .static_step_kernel import static_step_table_op  # triton is imported on first use
 
         score = FUSED_SCORES[selector]
-        first, second = (stats.hi, stats.lo) if score == "quest" else (stats.centroids, stats.centroids)
+        first, second = stats.centroids, stats.centroids
+        if score == "quest":
+            first, second = stats.hi, stats.lo
+        elif score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
+            first = second = stats.salience[..., None]
         return static_step_table_op(q, first, second, length, score, stats.block_size, sinks, window, budget)
     bs, nb, device = stats.block_size, stats.num_blocks, stats.lo.device
     batch, kv_heads = stats.lo.shape[:2]

@@ -9,7 +9,7 @@ launches, more than the attention they choose for at short caches. Here one prog
    ``sinks <= kb < qb - window``;
 2. score the candidates in float32 from the kept statistics, ``BLOCK_N`` blocks at a time, as the selector's
    ``step_scores`` does (``quest``: the group's largest ``relu(q) . hi + min(q, 0) . lo``; ``centroid``: the
-   group's mean query ``. centroid``), and write each score's order key (:func:`~topo_attn.selection.topk.order_key`:
+   group's mean query ``. centroid``; ``salience``: ``topology``'s kept salience, read as it is), and write each score's order key (:func:`~topo_attn.selection.topk.order_key`:
    the float's order-preserving bits above the reversed block index, so equal scores go to the lower block) to a
    workspace row;
 3. read the row back whole and take the ``budget`` largest keys, one round of ``max`` each;
@@ -29,8 +29,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-SCORES = ("none", "centroid", "quest")
-"""The kernel's scores: ``none`` (the window rule: no candidate is added), ``centroid``, ``quest``."""
+SCORES = ("none", "salience", "centroid", "quest")
+"""The kernel's scores: ``none`` (the window rule: no candidate is added), ``salience`` (``topology``: the kept
+salience of each block, no arithmetic), ``centroid``, ``quest``."""
 
 INDEX_BITS = 16
 """The reversed block index lives in an order key's low bits: the kernel holds ``nb_max < 2**INDEX_BITS``."""
@@ -60,7 +61,8 @@ def _step_table_kernel(
     """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
 
     ``Q [B, H, 1, D]`` (any strides); ``First``, ``Second`` ``[B, H_kv, nb, D]`` float32 of one set of strides:
-    ``hi``, ``lo`` for ``quest``, the centroids twice for ``centroid``, unread for ``none``. ``Length``: one
+    ``hi``, ``lo`` for ``quest``, the centroids twice for ``centroid``, the kept salience ``[B, H_kv, nb, 1]``
+    twice for ``salience`` (its column 0 read), unread for ``none``. ``Length``: one
     integer, the valid keys. ``Keys``: int64 workspace ``[B * H_kv, nb]``. ``Out``: int32 ``[B * H_kv, width]``,
     contiguous."""
     lane = tl.program_id(0)
@@ -85,8 +87,10 @@ def _step_table_kernel(
             kb = start + tl.arange(0, BLOCK_N)
             at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
             inside = (kb[:, None] < end) & (d[None, :] < head_dim)
-            first = tl.load(First + at, mask=inside, other=0.0)
-            if SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
+            if SCORE == "salience":  # the kept salience is the score
+                score = tl.load(First + stat_base + kb.to(tl.int64) * stride_sn, mask=kb < end, other=0.0)
+            elif SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
+                first = tl.load(First + at, mask=inside, other=0.0)
                 second = tl.load(Second + at, mask=inside, other=0.0)
                 score = tl.full([BLOCK_N], float("-inf"), tl.float32)
                 for g in range(GROUP):
@@ -96,6 +100,7 @@ def _step_table_kernel(
                              + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
                     score = tl.maximum(score, bound)
             else:  # centroid: the group's mean query . the centroid in First
+                first = tl.load(First + at, mask=inside, other=0.0)
                 total = tl.zeros([HEAD_DIM], tl.float32)
                 for g in range(GROUP):
                     q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
@@ -127,8 +132,8 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     Arguments:
         q: ``[B, H, 1, D]``, floating (any strides), on a CUDA device or (Triton's interpreter) the CPU.
         first, second: float32 ``[B, H_kv, nb, D]`` of the same strides, ``H % H_kv == 0``,
-            ``nb < 2**INDEX_BITS``: ``hi`` and ``lo`` for ``quest``, the centroids twice for ``centroid``,
-            any such tensor for ``none`` (never read).
+            ``nb < 2**INDEX_BITS``: ``hi`` and ``lo`` for ``quest``, the centroids twice for ``centroid``, the kept
+            salience ``[B, H_kv, nb, 1]`` twice for ``salience``, any such tensor for ``none`` (never read).
         length: integer tensor of one element on q's device, the valid keys (read on the device).
         score: one of :data:`SCORES`. block_size: tokens per block, ``>= 1``. sinks, window, budget: ``>= 0``.
 

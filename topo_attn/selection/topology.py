@@ -3,7 +3,8 @@ filtration), ranked per row at an equal budget. Query-blind: every row of a lane
 
 Over a whole sequence the salience is that of all key blocks (later ones included); at the end of a cache and
 per token it is the salience among the blocks before the step's (the token's) own block, the *prefix* salience,
-so no choice reads a later key.
+so no choice reads a later key. A decode step over a static cache ranks the salience its statistics keep instead
+(:mod:`.kept_salience`: a bar per block, updated when a block completes), so the step itself scores nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ def block_scores(q, k, block_size, groups, dtype, **_) -> torch.Tensor:
 
 
 def step_scores(q, stats, first, rows, num_rows, seq_len, seed) -> torch.Tensor:
-    """The salience of blocks ``0 .. first - 1`` among themselves, kept by the cache's statistics:
-    ``[B, H_kv, R, first]``."""
-    salience = stats.salience(first)
-    return salience[:, :, None, :].expand(q.shape[0], salience.shape[1], num_rows, first)
+    """From :class:`~topo_attn.selection.incremental.KeyBlockStats`: the salience of blocks ``0 .. first - 1``
+    among themselves (computed when ``first`` changes), ``[B, H_kv, R, first]`` float64. From
+    :class:`~topo_attn.selection.static_step.StaticBlockStats`: the salience they keep (its tensor ``salience``,
+    :mod:`.kept_salience`'s bars), every one of the ``nb_max`` blocks, ``[B, H_kv, R, nb_max]`` in their dtype."""
+    salience = stats.salience if isinstance(stats.salience, torch.Tensor) else stats.salience(first)
+    return salience[:, :, None, :].expand(q.shape[0], salience.shape[1], num_rows, salience.shape[-1])
 
 
 def prefix_saliences(k: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -63,4 +66,5 @@ def token_scores(q, k, block_size, scale, seed) -> Scorer:
 
 
 SELECTOR = Selector("topology", "the elder-rule salience, top-budget per row among the causal blocks outside "
-                    "sinks/window", block_scores, step_scores, token_scores, topology_aware=True)
+                    "sinks/window", block_scores, step_scores, token_scores, topology_aware=True,
+                    static_step=True)

@@ -93,9 +93,9 @@ def test_the_command_writes_its_file(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["command"].startswith("python -m topo_attn.selection.static_quality --seeds 3")
     assert "commit" in data and data["torch"] == torch.__version__
-    assert [(r["data"].split()[0], r["budget"], r["seed"]) for r in data["rows"]] == [("real", 2, None),
+    assert [(r["data"].split()[0], r["budget"], r["seed"]) for r in data["quality"]] == [("real", 2, None),
                                                                                       ("synthetic", 2, 3)]
-    assert len(data["summary"]) == 2 and data["timing"][0]["blocks"] == 4
+    assert len(data["summary"]) == 2 and data["timing"][0]["blocks"] == 4 and "rows" not in data
     assert "| data | budget |" in capsys.readouterr().out
     from topo_attn.cli import run
 

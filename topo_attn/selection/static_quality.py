@@ -315,8 +315,10 @@ def static_topology_quality(budgets: Sequence[int] = (2, 4, 8), seeds: Sequence[
                             progress: bool = False) -> dict:
     """The whole study: :func:`decode_quality` on the captured real q, k (:func:`~topo_attn.selection.data.
     load_real_qkv`, layers as the batch) and on :func:`synthetic_case` for each seed, then
-    :func:`time_step_selection` (none when ``timing_blocks`` is empty). Returns ``{"settings", "rows",
-    "summary", "table", "timing"}`` (``rows`` carry ``data`` and ``seed``)."""
+    :func:`time_step_selection` (none when ``timing_blocks`` is empty). Returns ``{"settings", "quality",
+    "summary", "table", "timing"}`` (``quality``: the rows of :func:`decode_quality`, with ``data`` and ``seed``;
+    not ``rows``, the benchmark runner's key, so that ``topo_attn.bench.results`` leaves the file to this
+    module)."""
     rows = []
 
     def note(text: str) -> None:
@@ -340,7 +342,7 @@ def static_topology_quality(budgets: Sequence[int] = (2, 4, 8), seeds: Sequence[
                     synthetic_clusters=4, synthetic_outlier_blocks=4, synthetic_sharpness=0.5,
                     block_size=block_size, sinks=sinks, window=window, real_qkv=info,
                     timing_blocks=list(timing_blocks), repeats=repeats)
-    return dict(settings=settings, rows=rows, summary=means, table=markdown(means), timing=timing)
+    return dict(settings=settings, quality=rows, summary=means, table=markdown(means), timing=timing)
 
 
 def cpu_model() -> str:

@@ -30,12 +30,12 @@ def test_generate_case_rows_on_a_tiny_model(device):
     case = Case("tiny", 2, 4, 2, 80, 16, 16, "float32")
     rows = run_generate_case(case, new_tokens=3, budget_tokens=32, peak_tbps=1.0, device=device, shape=TINY,
                              repeats=1, warmup=1)
-    assert [r["attention"] for r in rows] == [RECIPE, KIT_DENSE, "kit centroid static cache compiled",
-                                              "kit quest static cache compiled"]
+    assert [r["attention"] for r in rows] == [RECIPE, KIT_DENSE] + [
+        f"kit {s} static cache compiled" for s in ("topology", "centroid", "quest")]
     recipe, dense, *sparse = rows
     assert dense["tokens_match"] is True and "tokens_match" not in recipe
     assert recipe["vs_recipe"] == 1.0 and all(math.isfinite(r["ms_per_token"]) for r in rows)  # CPU timings: noise
-    assert all(r["budget_tokens"] == 32 and r["selector"] in ("centroid", "quest") for r in sparse)
+    assert all(r["budget_tokens"] == 32 and r["selector"] in ("topology", "centroid", "quest") for r in sparse)
     assert all(r["floor_ms"] > 0 and r["context"] == 80 and r["batch"] == 2 for r in rows)
     assert all(r["floor_ms"] > dense["floor_ms"] for r in sparse)  # the whole short cache, and the statistics
     table = generate_markdown(rows).splitlines()

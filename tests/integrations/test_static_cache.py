@@ -161,7 +161,7 @@ def reference_step(q, k, v, length, table, block_size, scale):
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v
 
 
-@pytest.mark.parametrize("selector,budget", [("dense", 0), ("quest", 1), ("centroid", 2)])
+@pytest.mark.parametrize("selector,budget", [("dense", 0), ("quest", 1), ("centroid", 2), ("topology", 1)])
 def test_every_static_step_equals_the_float64_reference_with_its_blocks(selector, budget, device, monkeypatch):
     """Each one-token step of a greedy generation with a TopoStaticCache: the kernel's output equals float64
     attention over the blocks of that step's table (every block for dense)."""

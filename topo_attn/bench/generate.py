@@ -21,7 +21,8 @@ length before each call; ``matching_tokens``: how many new tokens, from the firs
 sequence, and ``first_logit_diff`` the largest difference of the first new token's logits from the recipe's
 (with random weights the logits are close to one another, so a rounding difference can flip a greedy token);
 ``floor_ms`` is the step's bytes floor at the GPU's datasheet bandwidth: the weights,
-the key/value blocks the step reads and, for a selector, its kept block statistics, read once. Needs
+the key/value blocks the step reads and, for a selector, what its step reads of the kept block statistics
+(:data:`KEPT_VALUES`), read once. Needs
 transformers and a CUDA GPU.
 """
 
@@ -57,10 +58,10 @@ def fill_static_cache(cache, model, batch: int, context: int, seed: int = 0) -> 
         cache.update(keys, values, layer)
 
 
-def rewind(cache, context: int, block_sizes: tuple[int, ...] = ()) -> None:
+def rewind(cache, context: int, block_sizes: tuple[int, ...] = (), salience: bool = False) -> None:
     """Set every layer's length back to ``context`` (in place, on the device), as after the fill, and bring the
-    kept block statistics of ``block_sizes`` up to date over the whole context (what the prefill's attention
-    calls would have done)."""
+    kept block statistics of ``block_sizes`` (with the kept salience when ``salience``) up to date over the whole
+    context (what the prefill's attention calls would have done)."""
     from ..integrations.transformers import STATIC_STATE_ATTRIBUTE
 
     for layer in cache.layers:
@@ -68,7 +69,7 @@ def rewind(cache, context: int, block_sizes: tuple[int, ...] = ()) -> None:
         state = getattr(layer.keys, STATIC_STATE_ATTRIBUTE, None)
         for block_size in block_sizes if state is not None else ():
             start = torch.zeros((), dtype=layer.cumulative_length.dtype, device=layer.keys.device)
-            state.block_stats(layer.keys, block_size).update(layer.keys, start, context)
+            state.block_stats(layer.keys, block_size, salience).update(layer.keys, start, context)
 
 
 def _wait(device: torch.device) -> None:
@@ -77,17 +78,17 @@ def _wait(device: torch.device) -> None:
 
 
 def generate_ms(model, cache, ids: torch.Tensor, context: int, new_tokens: int, block_sizes: tuple[int, ...],
-                repeats: int = 3, warmup: int = 2) -> tuple[float, torch.Tensor]:
+                repeats: int = 3, warmup: int = 2, salience: bool = False) -> tuple[float, torch.Tensor]:
     """The median wall time (ms) of a greedy ``generate`` of ``new_tokens`` after ``ids`` (whose first
     ``context`` tokens the cache holds), each call from the cache rewound to ``context``; and the tokens of the
-    last call."""
+    last call. ``block_sizes``, ``salience``: as in :func:`rewind`."""
     from ..integrations.cache import cache_argument
 
     kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                   **cache_argument(cache))
     times, out = [], None
     for done in range(warmup + repeats):
-        rewind(cache, context, block_sizes)
+        rewind(cache, context, block_sizes, salience)
         _wait(ids.device)
         start = time.perf_counter()
         out = model.generate(ids, **kwargs)
@@ -97,20 +98,27 @@ def generate_ms(model, cache, ids: torch.Tensor, context: int, new_tokens: int, 
     return statistics.median(times), out
 
 
-def first_step_logits(model, cache, ids: torch.Tensor, context: int, block_sizes: tuple[int, ...]) -> torch.Tensor:
+def first_step_logits(model, cache, ids: torch.Tensor, context: int, block_sizes: tuple[int, ...],
+                      salience: bool = False) -> torch.Tensor:
     """The logits (float32 ``[B, vocab]``) of the first new token after ``ids``, from the cache rewound to
-    ``context``."""
+    ``context`` (``block_sizes``, ``salience``: as in :func:`rewind`)."""
     from ..integrations.cache import cache_argument
 
-    rewind(cache, context, block_sizes)
+    rewind(cache, context, block_sizes, salience)
     out = model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0, return_dict_in_generate=True,
                          output_logits=True, **cache_argument(cache))
     return out.logits[0].float()
 
 
-def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, stats: bool, peak_tbps: float) -> float:
-    """The step's bytes floor (module docstring): weights + key/value blocks read (+ the statistics of every
-    complete block for a selector), over ``peak_tbps``."""
+KEPT_VALUES = {"topology": lambda dim: 1, "centroid": lambda dim: dim, "quest": lambda dim: 2 * dim}
+"""Float32 values a selector's step reads per key block and key/value head: the kept salience, the centroid, the
+minimum and maximum."""
+
+
+def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, selector: str | None,
+                   peak_tbps: float) -> float:
+    """The step's bytes floor (module docstring): weights + key/value blocks read (+ what ``selector``'s step
+    reads of every complete block, :data:`KEPT_VALUES`), over ``peak_tbps``."""
     config = model.config
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     itemsize = torch.empty((), dtype=model.dtype).element_size()
@@ -118,9 +126,9 @@ def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, stats: 
     tokens = context if budget_blocks is None else min(context, (budget_blocks + 3) * case.block_size)
     kv = case.batch * tokens * per_token
     kept = 0
-    if stats:  # centroid, min and max (float32) of every block, per layer and key/value head
-        kept = (case.batch * (context // case.block_size) * 3 * config.num_key_value_heads * config.head_dim * 4
-                * config.num_hidden_layers)
+    if selector in KEPT_VALUES:
+        kept = (case.batch * (context // case.block_size) * KEPT_VALUES[selector](config.head_dim)
+                * config.num_key_value_heads * 4 * config.num_hidden_layers)
     return (weights + kv + kept) / (peak_tbps * 1e12) * 1e3
 
 
@@ -138,6 +146,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
 
     from ..integrations import transformers as tat
     from ..integrations.static_cache import TopoStaticCache
+    from ..selection import SELECTORS
     from ..selection.static_step import STATIC_SELECTORS
 
     if peak_tbps is None:
@@ -157,10 +166,11 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
         model.set_attn_implementation(implementation)
         cache = cache_type(model.config, max_cache_len=max_len)
         fill_static_cache(cache, model, batch, context)
-        one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup)
-        many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup)
-        logits = first_step_logits(model, cache, ids, context, block_sizes)
-        floor = bytes_floor_ms(model, case, context, budget_blocks, selector is not None, peak_tbps)
+        salience = selector is not None and SELECTORS[selector].topology_aware
+        one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup, salience)
+        many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup, salience)
+        logits = first_step_logits(model, cache, ids, context, block_sizes, salience)
+        floor = bytes_floor_ms(model, case, context, budget_blocks, selector, peak_tbps)
         ms = (many - one) / new_tokens
         print(f"  {case.name} {attention}: {ms:.2f} ms per token ({time.perf_counter() - started:.0f} s)",
               file=sys.stderr, flush=True)

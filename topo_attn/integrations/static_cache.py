@@ -53,20 +53,25 @@ class StaticLayerState:
     length: torch.Tensor
     stats: dict[int, StaticBlockStats] = field(default_factory=dict)
 
-    def block_stats(self, keys: torch.Tensor, block_size: int) -> StaticBlockStats:
+    def block_stats(self, keys: torch.Tensor, block_size: int, salience: bool = False) -> StaticBlockStats:
         """The layer's statistics for blocks of ``block_size`` over its key buffer ``keys [B, H_kv, S_max, D]``,
-        created (zero, float32, marked as a static address) at the first call for that block size. Raises
-        ``ValueError`` when they would be created inside a compiled region (run the first call, the prefill,
-        eagerly: ``generate`` does)."""
+        created (zero, float32, marked as a static address) at the first call for that block size, with the
+        kept salience when ``salience`` (the ``topology`` selector's). Raises ``ValueError`` when they would be
+        created inside a compiled region (run the first call, the prefill, eagerly: ``generate`` does), and when
+        the salience is asked of statistics created without it (one cache used by two backends)."""
         found = self.stats.get(block_size)
         if found is None:
             if torch.compiler.is_compiling():
                 raise ValueError("TopoStaticCache creates its block statistics at the first eager call (the "
                                  "prefill); run the prefill outside torch.compile")
-            found = StaticBlockStats.for_cache(keys, block_size, torch.float32)
-            for buffer in (found.centroids, found.lo, found.hi):
-                torch._dynamo.mark_static_address(buffer)
+            found = StaticBlockStats.for_cache(keys, block_size, torch.float32, salience=salience)
+            for buffer in (found.centroids, found.lo, found.hi, found.salience):
+                if buffer is not None:
+                    torch._dynamo.mark_static_address(buffer)
             self.stats[block_size] = found
+        elif salience and found.salience is None:
+            raise ValueError("this TopoStaticCache's block statistics were made without the salience the "
+                             "topology selector reads (another backend used the cache first); use a new cache")
         return found
 
 

@@ -528,7 +528,7 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     dense = settings.is_dense(layer_idx)
     stats = None
     if not dense and settings.selector in STATIC_SELECTORS:
-        stats = state.block_stats(key, settings.block_size)
+        stats = state.block_stats(key, settings.block_size, salience=SELECTORS[settings.selector].topology_aware)
         stats.update(key, state.length - q_len, q_len)
     if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
         table = None if dense else step_block_table(settings.selector, query, stats, state.length, settings.sinks,

@@ -6,7 +6,9 @@ One module per selector (``window``, ``random``, ``topology_22``, ``topology``, 
 cache, per token), collected by ``registry``. ``selectors`` selects over a whole sequence (:func:`select`),
 ``incremental`` for queries at the end of a growing key cache (:func:`select_for_queries`, from per-block
 statistics kept as the cache grows), ``static_step`` for one query at the end of a preallocated cache in fixed
-shapes (:func:`step_block_table` over :class:`StaticBlockStats`, the length a device tensor); all rank with ``topk`` and build the CSR by arithmetic
+shapes (:func:`step_block_table` over :class:`StaticBlockStats`, the length a device tensor; ``kept_salience``
+the salience such a step keeps for ``topology``, ``static_quality`` what that costs against the exact one); all
+rank with ``topk`` and build the CSR by arithmetic
 (:func:`topo_attn.rule.budget_schedule`), without a host sync. ``stats`` holds the block statistics, ``metrics``
 recall and output errors against full attention, ``compare`` every selector at every budget and a verdict,
 ``data`` synthetic and captured real inputs. ``python -m topo_attn.selection`` prints the summary.

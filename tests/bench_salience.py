@@ -27,21 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import topo_attn  # noqa: E402
 from helpers import all_pairs_salience  # noqa: E402
+from topo_attn.provenance import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "benchmarks" / "salience_cpu.json"
 TARGET_SPEEDUP = 25.0
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (or platform's answer where that file is missing)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def usable_cores() -> int:

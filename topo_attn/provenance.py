@@ -12,6 +12,7 @@ This module sits below both ``bench`` and ``lm``, which import it; it imports no
 
 from __future__ import annotations
 
+import platform
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -80,3 +81,15 @@ def check_commit(path: str | Path, data: Mapping) -> None:
         if key in data and not isinstance(data[key], types):
             raise ValueError(f"{path}: {key!r} must be {' or '.join(t.__name__ for t in types)}, "
                              f"got {data[key]!r}")
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as a CPU-measured result records it: from ``/proc/cpuinfo``, else what
+    :mod:`platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"

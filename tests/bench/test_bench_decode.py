@@ -15,8 +15,7 @@ import torch.nn.functional as F
 
 import topo_attn as ta
 from topo_attn.bench.cases import SUITES, Case
-from topo_attn.bench.decode import (DECODE_COLUMNS, GOAL_SPEEDUP_KV_LEN, HBM_PEAK_TBPS, PATHS, block_mask_bytes,
-                                    decode_bytes, decode_markdown, device_copy_tbps, flex_decoders, metadata_bytes,
+from topo_attn.bench.decode import (DECODE_COLUMNS, GOAL_SPEEDUP_KV_LEN, HBM_PEAK_TBPS, PATHS, decode_bytes, decode_markdown, device_copy_tbps, flex_decoders, metadata_bytes,
                                     one_in_eight_mask, peak_tbps_for, run_decode_case, scheduled_kv_reads)
 
 HAS_DECODE_API = all("q_len" in inspect.signature(f).parameters

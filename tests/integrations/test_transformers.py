@@ -285,7 +285,7 @@ def test_generate_without_incremental_form_warns_once(device):
 
 
 def test_topo_cache_forgets_on_crop_and_reorder(device):
-    from topo_attn.integrations.cache import TopoCache, cache_argument
+    from topo_attn.integrations.cache import TopoCache
 
     cache = TopoCache()
     keys = torch.randn(2, 2, 40, 16)

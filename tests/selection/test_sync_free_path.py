@@ -10,8 +10,8 @@ import itertools
 import pytest
 import torch
 
-from topo_attn.rule import base_block_mask, budget_row_widths, budget_schedule
-from topo_attn.schedule import BlockSchedule, num_blocks
+from topo_attn.rule import budget_row_widths, budget_schedule
+from topo_attn.schedule import num_blocks
 from topo_attn.selection.stats import key_block_bounds, query_block_means
 from topo_attn.topology import block_centroids
 from topo_attn.selection.topk import order_key, top_candidates

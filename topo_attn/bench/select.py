@@ -11,7 +11,6 @@ same input is the yardstick.
 
 from __future__ import annotations
 
-import torch
 
 from .table import markdown_header
 

@@ -42,7 +42,7 @@ from scipy.stats import rankdata
 
 from .. import cli, samples
 from .._checks import check_int
-from ..provenance import ROOT, code_version
+from ..provenance import ROOT, code_version, cpu_model
 from ..schedule import num_blocks
 from ..topology import block_centroids, block_salience
 from .data import load_real_qkv, synthetic_qkv
@@ -343,17 +343,6 @@ def static_topology_quality(budgets: Sequence[int] = (2, 4, 8), seeds: Sequence[
                     block_size=block_size, sinks=sinks, window=window, real_qkv=info,
                     timing_blocks=list(timing_blocks), repeats=repeats)
     return dict(settings=settings, quality=rows, summary=means, table=markdown(means), timing=timing)
-
-
-def cpu_model() -> str:
-    """The CPU's model name from ``/proc/cpuinfo`` (else what :mod:`platform` says)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,25 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
     return value
 
 
+def check_device_count(name: str, value: object, device: torch.device, owner: str,
+                       dtypes: tuple[torch.dtype, ...] | None = None) -> torch.Tensor:
+    """``value`` as a count or position kept on the device (a static cache's length, a step's start): a tensor
+    of one integer element (of one of ``dtypes`` when given) on ``device``, where ``owner`` (named in the
+    message) lives. Reads metadata only, never the value (that would make a step wait for the device)."""
+    value = check_tensor(name, value)
+    if dtypes is not None and value.dtype not in dtypes:
+        allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} must be an {allowed} tensor, got {value.dtype}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.numel() != 1:
+        raise ValueError(f"{name} must hold one element, got shape {tuple(value.shape)}")
+    if value.device != device:
+        raise ValueError(f"{name} is on {value.device} but {owner} is on {device}; they must be on one device (a "
+                         f"host tensor would make the step wait)")
+    return value
+
+
 def check_finite(name: str, value: torch.Tensor) -> None:
     """Reject NaN or Inf entries (one host sync)."""
     raise_unless_finite(name, bool(torch.isfinite(value).all()))

@@ -41,8 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_int, check_kernel_block_size,
-                       check_scale, check_tensor)
+from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_device_count, check_int,
+                       check_kernel_block_size, check_scale, check_tensor)
 from . import decode
 from .decode import decode_step, merge_partials, query_tile
 from .forward import LOG2E
@@ -412,13 +412,7 @@ def check_static_decode(q, k_cache, v_cache, length, block_table, block_size, sc
         raise ValueError(f"k_cache must hold at least the L = {q_len} new positions (S_max >= L), got shape "
                          f"{tuple(k_cache.shape)}")
 
-    length = check_tensor("length", length)
-    if length.dtype not in LENGTH_DTYPES:
-        raise TypeError(f"length must be an int32 or int64 tensor, got {length.dtype}")
-    if length.numel() != 1:
-        raise ValueError(f"length must hold one element, got shape {tuple(length.shape)}")
-    if length.device != q.device:
-        raise ValueError(f"length is on {length.device} but q is on {q.device}; it must be on q's device")
+    check_device_count("length", length, q.device, "q", LENGTH_DTYPES)
 
     block_size = check_int("block_size", block_size)
     check_kernel_block_size(block_size)

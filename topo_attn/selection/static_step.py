@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_int, check_tensor
+from .._checks import check_device_count, check_int, check_tensor
 from ..rule import budget_candidates
 from ..schedule import num_blocks
 from ..topology.persistence import block_means
@@ -44,23 +44,6 @@ REBUILD_GROUP = 256
 """Blocks per group of :meth:`StaticBlockStats.rebuild_salience` (its distances are ``[B, H_kv, group, nb_max]``)."""
 
 _STATS_DTYPES = (torch.float32, torch.float64)
-
-
-def _is_integer_tensor(t: torch.Tensor) -> bool:
-    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
-
-
-def _check_position(name: str, value: object, device: torch.device) -> torch.Tensor:
-    """A position or length: an integer tensor of one element on ``device`` (metadata only, never its value)."""
-    value = check_tensor(name, value)
-    if not _is_integer_tensor(value):
-        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
-    if value.numel() != 1:
-        raise ValueError(f"{name} must hold one element, got shape {tuple(value.shape)}")
-    if value.device != device:
-        raise ValueError(f"{name} is on {value.device} but the statistics are on {device}; they must be on one "
-                         f"device (a host tensor would make the step wait)")
-    return value
 
 
 class StaticBlockStats:
@@ -187,7 +170,7 @@ class StaticBlockStats:
         Raises:
             TypeError, ValueError: a ``length`` that is not such a tensor.
         """
-        length = _check_position("length", length, self.lo.device).reshape(()).to(torch.int64)
+        length = check_device_count("length", length, self.lo.device, "the statistics").reshape(()).to(torch.int64)
         if self.salience is None:
             self.salience = torch.zeros(self.lo.shape[:-1], dtype=self.lo.dtype, device=self.lo.device)
         bs, device = self.block_size, self.lo.device
@@ -207,7 +190,7 @@ class StaticBlockStats:
             raise TypeError(f"keys must be a floating-point tensor, got {keys.dtype}")
         if keys.device != self.lo.device:
             raise ValueError(f"keys are on {keys.device} but the statistics are on {self.lo.device}")
-        _check_position("start", start, self.lo.device)
+        check_device_count("start", start, self.lo.device, "the statistics")
         q_len = check_int("q_len", q_len, 1)
         if q_len > self.max_len:
             raise ValueError(f"q_len must be <= the cache's {self.max_len} positions, got {q_len}")
@@ -342,4 +325,4 @@ def _check_step(q: object, stats: object, length: object) -> None:
                          f"statistics' [B, H_kv, nb_max, D] = {list(stats.lo.shape)}, got shape {tuple(q.shape)}")
     if q.device != stats.lo.device:
         raise ValueError(f"q is on {q.device} but the statistics are on {stats.lo.device}")
-    _check_position("length", length, stats.lo.device)
+    check_device_count("length", length, stats.lo.device, "the statistics")

@@ -154,9 +154,9 @@ class LayerStats:
 @dataclass(frozen=True)
 class LayerTiming:
     """One whole-sequence call of a layer, timed (:func:`record_timings`): ``host_ms``, the host's time in the
-    attention function from its entry until the kernels are launched (nothing waited for); ``select_ms`` and ``kernel_ms``, the GPU's
-    time for the schedule (selection, or the dense schedule's lookup) and for the attention kernels, from CUDA
-    events around each."""
+    attention function from its entry until the kernels are launched (nothing waited for); ``select_ms`` and
+    ``kernel_ms``, the GPU's time for the schedule (selection, or the dense schedule's lookup) and for the
+    attention kernels, from CUDA events around each."""
 
     layer: int | None
     host_ms: float

@@ -45,8 +45,8 @@ class Selector:
     for no host sync (``topology_22`` reads its entry count back once); ``host_scores``: its whole-sequence scores
     are computed on the host or wait for it many times per layer (the oracle's chunked attention, the cluster
     cuts): slow at long context; ``adds_blocks``: it adds ``budget`` blocks per row (``window`` adds none);
-    ``equal_budget``: every row adds exactly ``min(budget, candidates)`` blocks (``topology_22``, #22's rule, adds fewer);
-    ``static_step``: it chooses a decode step from a static cache's statistics in fixed shapes, reading the
+    ``equal_budget``: every row adds exactly ``min(budget, candidates)`` blocks (``topology_22``, #22's rule,
+    adds fewer); ``static_step``: it chooses a decode step from a static cache's statistics in fixed shapes, reading the
     length from a device tensor (:func:`~topo_attn.selection.static_step.step_block_table`: one captured graph
     serves every step)."""
 

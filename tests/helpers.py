@@ -138,3 +138,22 @@ def loop_schedule(salience_1d: np.ndarray, nb: int, window: int, sinks: int,
         indices.extend(row)
         offsets.append(len(indices))
     return offsets, indices
+
+
+def garbage_static_cache(batch: int, kv_heads: int, max_len: int, dim: int,
+                         seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(buffer, keys)``: a static key cache ``[B, H_kv, S_max, D]`` full of garbage (NaN and huge values) and
+    the real keys to write into it."""
+    gen = torch.Generator().manual_seed(seed)
+    buffer = 1e30 * torch.randn(batch, kv_heads, max_len, dim, generator=gen)
+    buffer[..., ::3, :] = float("nan")
+    return buffer, torch.randn(batch, kv_heads, max_len, dim, generator=gen)
+
+
+def write_static_keys(buffer: torch.Tensor, keys: torch.Tensor, stats, start: int, q_len: int) -> int:
+    """Write keys ``start .. start + q_len - 1`` into the static cache ``buffer`` and update ``stats`` (a
+    ``StaticBlockStats``) as a step would; returns the new length."""
+    buffer[..., start:start + q_len, :] = keys[..., start:start + q_len, :]
+    stats.update(buffer, torch.tensor([start]), q_len)
+    return start + q_len
+

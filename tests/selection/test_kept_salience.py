@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from helpers import garbage_static_cache, write_static_keys
 from topo_attn.selection.incremental import KeyBlockStats, select_for_queries
 from topo_attn.selection.static_step import StaticBlockStats, step_block_table
 from topo_attn.topology import block_centroids, block_salience
@@ -29,20 +30,6 @@ def rule_by_loop(centroids: torch.Tensor) -> list[float]:
         for m in range(1, n):
             bars[m] = min(bars[m], max(dist[m], min(dist[:m])))
     return bars
-
-
-def _cache(batch, kv_heads, max_len, dim, seed):
-    """``(buffer, keys)``: a static cache full of garbage (NaN and huge values) and the keys to write."""
-    gen = torch.Generator().manual_seed(seed)
-    buffer = 1e30 * torch.randn(batch, kv_heads, max_len, dim, generator=gen)
-    buffer[..., ::3, :] = float("nan")
-    return buffer, torch.randn(batch, kv_heads, max_len, dim, generator=gen)
-
-
-def _write(buffer, keys, stats, start: int, q_len: int) -> int:
-    buffer[..., start:start + q_len, :] = keys[..., start:start + q_len, :]
-    stats.update(buffer, torch.tensor([start]), q_len)
-    return start + q_len
 
 
 def _check_salience(stats: StaticBlockStats, keys: torch.Tensor, length: int) -> None:
@@ -66,17 +53,17 @@ def test_the_buffer_follows_the_rule(dtype, max_len, prefill, chunk, last):
     """A prefill (several blocks completing in one update), a chunk, one-token steps across block boundaries and
     a last chunk up to S_max, over a cache of garbage: after each update the kept bars of the complete blocks
     equal the loop's; a second prompt written from position 0 starts the rule over; the buffer stays in place."""
-    buffer, keys = _cache(2, 3, max_len, 8, seed=max_len + prefill)
+    buffer, keys = garbage_static_cache(2, 3, max_len, 8, seed=max_len + prefill)
     stats = StaticBlockStats.for_cache(buffer, BS, dtype, salience=True)
     pointer = stats.salience.data_ptr()
-    length = _write(buffer, keys, stats, 0, prefill)
+    length = write_static_keys(buffer, keys, stats, 0, prefill)
     _check_salience(stats, keys, length)
-    length = _write(buffer, keys, stats, length, chunk)
+    length = write_static_keys(buffer, keys, stats, length, chunk)
     _check_salience(stats, keys, length)
     while length < max_len - last:
-        length = _write(buffer, keys, stats, length, 1)
+        length = write_static_keys(buffer, keys, stats, length, 1)
         _check_salience(stats, keys, length)
-    assert _write(buffer, keys, stats, length, last) == max_len
+    assert write_static_keys(buffer, keys, stats, length, last) == max_len
     _check_salience(stats, keys, max_len)
     second = torch.randn(keys.shape, generator=torch.Generator().manual_seed(max_len), dtype=keys.dtype)
     buffer[...] = float("nan")
@@ -166,19 +153,19 @@ def test_rebuild_gives_the_rule_whatever_came_before(group, monkeypatch):
     import topo_attn.selection.static_step as module
 
     monkeypatch.setattr(module, "REBUILD_GROUP", group)
-    buffer, keys = _cache(2, 2, 150, 8, seed=21)
+    buffer, keys = garbage_static_cache(2, 2, 150, 8, seed=21)
     plain = StaticBlockStats.for_cache(buffer, BS, torch.float64)
-    length = _write(buffer, keys, plain, 0, 61)
+    length = write_static_keys(buffer, keys, plain, 0, 61)
     while length < 83:
-        length = _write(buffer, keys, plain, length, 1)
+        length = write_static_keys(buffer, keys, plain, length, 1)
     assert plain.salience is None
     _check_salience(plain.rebuild_salience(torch.tensor([length])), keys, length)
 
     kept = StaticBlockStats.for_cache(buffer, BS, torch.float64, salience=True)
-    _write(buffer, keys, kept, 0, 150)
+    write_static_keys(buffer, keys, kept, 0, 150)
     other = torch.randn(keys.shape, generator=torch.Generator().manual_seed(22), dtype=keys.dtype)
     keys[..., 40:, :] = other[..., 40:, :]
-    _write(buffer, keys, kept, 40, 60)  # a rewrite from position 40 to 100
+    write_static_keys(buffer, keys, kept, 40, 60)  # a rewrite from position 40 to 100
     with pytest.raises(AssertionError):
         _check_salience(kept, keys, 100)
     _check_salience(kept.rebuild_salience(torch.tensor(100)), keys, 100)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
+from helpers import garbage_static_cache, write_static_keys
 from topo_attn.rule import budget_row_widths
 from topo_attn.selection.incremental import KeyBlockStats, select_for_queries
 from topo_attn.selection.registry import SELECTORS, names
@@ -19,21 +20,6 @@ from topo_attn.selection.stats import key_block_bounds
 from topo_attn.topology import block_centroids
 
 BS = 8
-
-
-def _cache(batch: int, kv_heads: int, max_len: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(buffer, keys)``: a static cache full of garbage (NaN and huge values) and the real keys to write."""
-    gen = torch.Generator().manual_seed(seed)
-    buffer = 1e30 * torch.randn(batch, kv_heads, max_len, dim, generator=gen)
-    buffer[..., ::3, :] = float("nan")
-    return buffer, torch.randn(batch, kv_heads, max_len, dim, generator=gen)
-
-
-def _write(buffer, keys, stats, start: int, q_len: int) -> int:
-    """Write keys ``start .. start + q_len - 1`` into the cache, update the statistics; the new length."""
-    buffer[..., start:start + q_len, :] = keys[..., start:start + q_len, :]
-    stats.update(buffer, torch.tensor([start]), q_len)
-    return start + q_len
 
 
 def _rows(table: torch.Tensor) -> list[list[int]]:
@@ -83,17 +69,17 @@ def test_update_keeps_the_block_statistics(dtype, max_len, prefill, chunk, last)
     """A prefill, a chunk, decode steps across block boundaries and a last chunk up to S_max: after each, the
     statistics are those of the keys so far, the garbage past them never leaks, the buffers stay in place; a
     second prompt written from position 0 over the first one's statistics too."""
-    buffer, keys = _cache(2, 3, max_len, 8, seed=max_len + prefill)
+    buffer, keys = garbage_static_cache(2, 3, max_len, 8, seed=max_len + prefill)
     stats = StaticBlockStats.for_cache(buffer, BS, dtype)
     pointers = [t.data_ptr() for t in (stats.centroids, stats.lo, stats.hi)]
-    length = _write(buffer, keys, stats, 0, prefill)
+    length = write_static_keys(buffer, keys, stats, 0, prefill)
     _check_stats(stats, keys, length)
-    length = _write(buffer, keys, stats, length, chunk)
+    length = write_static_keys(buffer, keys, stats, length, chunk)
     _check_stats(stats, keys, length)
     while length < max_len - last:
-        length = _write(buffer, keys, stats, length, 1)
+        length = write_static_keys(buffer, keys, stats, length, 1)
         _check_stats(stats, keys, length)
-    assert _write(buffer, keys, stats, length, last) == max_len
+    assert write_static_keys(buffer, keys, stats, length, last) == max_len
     _check_stats(stats, keys, max_len)
     second = torch.randn(keys.shape, generator=torch.Generator().manual_seed(max_len), dtype=keys.dtype)
     buffer[...] = float("nan")
@@ -117,11 +103,11 @@ def test_the_table_holds_the_blocks_of_select_for_queries(selector, sinks, windo
     """Decoding from length 1 to S_max (GQA, B = 2, float64 statistics): the rows of every step of the first
     blocks, around every block boundary and of every fifth step otherwise hold exactly the blocks
     select_for_queries chooses for that step, once each."""
-    buffer, keys = _cache(2, 2, 150, 8, seed=sinks + 3 * window + 7 * budget)
+    buffer, keys = garbage_static_cache(2, 2, 150, 8, seed=sinks + 3 * window + 7 * budget)
     stats, kept = StaticBlockStats.for_cache(buffer, BS, torch.float64), KeyBlockStats(BS)
     gen = torch.Generator().manual_seed(budget)
     for start in range(150):
-        length = _write(buffer, keys, stats, start, 1)
+        length = write_static_keys(buffer, keys, stats, start, 1)
         if length > 3 * BS and length % BS not in (0, 1, 2) and length % 5:
             continue
         q = torch.randn(2, 4, 1, 8, generator=gen)
@@ -136,11 +122,11 @@ def test_float32_statistics_choose_blocks_as_good(selector):
     """float32 statistics (the default) keep the base and choose candidates whose float64 scores sum to those of
     select_for_queries' choice (they may differ at a near tie only)."""
     sinks, window, budget = 1, 1, 3
-    buffer, keys = _cache(2, 2, 200, 16, seed=11)
+    buffer, keys = garbage_static_cache(2, 2, 200, 16, seed=11)
     stats, kept = StaticBlockStats.for_cache(buffer, BS), KeyBlockStats(BS)
     chooser, gen = SELECTORS[selector], torch.Generator().manual_seed(12)
     for start in range(200):
-        length = _write(buffer, keys, stats, start, 1)
+        length = write_static_keys(buffer, keys, stats, start, 1)
         q = torch.randn(2, 4, 1, 16, generator=gen)
         rows = _check_table(step_block_table(selector, q, stats, torch.tensor(length), sinks, window, budget),
                             length, sinks, window, budget)
@@ -167,7 +153,7 @@ def test_one_traced_graph_serves_every_step(selector, dtype):
     and positions (inside a block, completing one, after one) run it again without recompiling, with the eager
     results."""
     torch._dynamo.reset()
-    buffer, keys = _cache(2, 2, 120, 8, seed=13)
+    buffer, keys = garbage_static_cache(2, 2, 120, 8, seed=13)
     buffer[...] = keys
     salience = selector == "topology"
     traced, eager = (StaticBlockStats.for_cache(buffer, BS, dtype, salience) for _ in range(2))

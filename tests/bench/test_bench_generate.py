@@ -24,23 +24,34 @@ def test_generate_suite_is_the_issue_case():
 
 
 def test_generate_case_rows_on_a_tiny_model(device):
-    """The recipe, the kit dense (its tokens equal the recipe's) and each fixed-shape selector, timed."""
-    from topo_attn.bench.generate import GENERATE_COLUMNS, KIT_DENSE, RECIPE, generate_markdown, run_generate_case
+    """The floor, the recipe, the kit dense (its tokens equal the recipe's) and each fixed-shape selector, with
+    each decode merge, timed."""
+    from topo_attn.bench.generate import (GENERATE_COLUMNS, KIT_DENSE, NO_ATTENTION, ONE_LAUNCH, RECIPE,
+                                          generate_markdown, run_generate_case)
 
     case = Case("tiny", 2, 4, 2, 80, 16, 16, "float32")
     rows = run_generate_case(case, new_tokens=3, budget_tokens=32, peak_tbps=1.0, device=device, shape=TINY,
                              repeats=1, warmup=1)
-    assert [r["attention"] for r in rows] == [RECIPE, KIT_DENSE] + [
-        f"kit {s} static cache compiled" for s in ("topology", "centroid", "quest")]
-    recipe, dense, *sparse = rows
-    assert dense["tokens_match"] is True and "tokens_match" not in recipe
+    kit = [KIT_DENSE] + [f"kit {s} static cache compiled" for s in ("topology", "centroid", "quest")]
+    assert [r["attention"] for r in rows] == [NO_ATTENTION, RECIPE] + kit + [a + ONE_LAUNCH for a in kit]
+    floor, recipe, dense, *sparse = rows[:6]
+    dense_one_launch, *sparse_one_launch = rows[6:]
+    for dense_row in (dense, dense_one_launch):
+        assert dense_row["tokens_match"] is True and dense_row["matching_tokens"] == 4
+        assert dense_row["first_logit_diff"] < 1e-3
+    assert "tokens_match" not in recipe and "tokens_match" not in floor
+    assert floor["matching_tokens"] < 4  # no attention changes the tokens: the comparison can fail
+    for one, two in zip(sparse_one_launch, sparse):  # the merge changes nothing but rounding
+        assert one["matching_tokens"] == two["matching_tokens"] and one["selector"] == two["selector"]
     assert recipe["vs_recipe"] == 1.0 and all(math.isfinite(r["ms_per_token"]) for r in rows)  # CPU timings: noise
-    assert all(r["budget_tokens"] == 32 and r["selector"] in ("topology", "centroid", "quest") for r in sparse)
+    assert all(r["attention_ms"] == r["ms_per_token"] - floor["ms_per_token"] for r in rows)
+    assert all(r["budget_tokens"] == 32 and r["selector"] in ("topology", "centroid", "quest")
+               for r in sparse + sparse_one_launch)
     assert all(r["floor_ms"] > 0 and r["context"] == 80 and r["batch"] == 2 for r in rows)
     assert all(r["floor_ms"] > dense["floor_ms"] for r in sparse)  # the whole short cache, and the statistics
     table = generate_markdown(rows).splitlines()
     assert table[0] == "| " + " | ".join(GENERATE_COLUMNS) + " |" and len(table) == 2 + len(rows)
-    assert "| yes |" in table[3] and dense["matching_tokens"] == 4 and dense["first_logit_diff"] < 1e-3
+    assert "| yes |" in table[4]
 
 
 def test_fill_and_rewind_keep_the_statistics(device):

@@ -9,11 +9,15 @@ take longer than the decoding it sets up). Then ``model.generate(ids, max_new_to
 compiles the decode step (transformers does so for a static cache on a GPU; the ``compile_config`` is the
 default ``torch.compile`` with CUDA graphs, the same for every row). The rows:
 
+- ``no attention (floor)``: transformers' ``StaticCache`` with an attention that returns its values
+  (:func:`no_attention_step`), what the step costs without attention; every row's ``attention_ms`` is its time
+  less this one's;
 - ``sdpa static cache compiled (recipe)``: transformers' ``StaticCache`` with SDPA, the dense recipe;
 - ``kit dense static cache compiled``: :class:`~topo_attn.integrations.static_cache.TopoStaticCache` with the
   kit's backend, every block; ``tokens_match`` says whether its greedy tokens equal the recipe's;
 - one row per selector of :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` at a budget of
-  ``budget_tokens`` (in blocks of the case's size), one sink and one window block.
+  ``budget_tokens`` (in blocks of the case's size), one sink and one window block;
+- the kit's rows again with the decode's one-launch merge (:data:`ONE_LAUNCH`).
 
 ``ms_per_token`` is ``(T(1 + n) - T(1)) / n`` for ``n`` new tokens, each ``T`` the median wall time of a
 ``generate`` call after warm-up calls (which compile and capture), with the cache reset to the context
@@ -31,6 +35,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -40,10 +45,13 @@ from .table import markdown_header
 
 RECIPE = "sdpa static cache compiled (recipe)"
 KIT_DENSE = "kit dense static cache compiled"
+NO_ATTENTION = "no attention (floor)"
+ONE_LAUNCH = ", one-launch merge"
+"""The suffix of a kit row whose decode merges its splits in the split kernel (``decode_merge="kernel"``)."""
 NEW_TOKENS = 32
 BUDGET_TOKENS = 2048
-GENERATE_COLUMNS = ["case", "attention", "budget tokens", "ms / token", "/ recipe", "bytes floor ms",
-                    "/ floor", "tokens match", "same tokens", "first-step max |logit diff|"]
+GENERATE_COLUMNS = ["case", "attention", "budget tokens", "ms / token", "attention ms", "/ recipe",
+                    "bytes floor ms", "/ floor", "tokens match", "same tokens", "first-step max |logit diff|"]
 
 
 def fill_static_cache(cache, model, batch: int, context: int, seed: int = 0) -> None:
@@ -70,6 +78,14 @@ def rewind(cache, context: int, block_sizes: tuple[int, ...] = (), salience: boo
         for block_size in block_sizes if state is not None else ():
             start = torch.zeros((), dtype=layer.cumulative_length.dtype, device=layer.keys.device)
             state.block_stats(layer.keys, block_size, salience).update(layer.keys, start, context)
+
+
+def no_attention_step(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The floor's attention function over a static cache (:data:`NO_ATTENTION`): each query head's output is
+    the first ``L`` slots of its key/value head's values (``[B, L, H, D]``), so the step costs what the model
+    costs without attention."""
+    group = query.shape[1] // value.shape[1]
+    return value[:, :, :query.shape[2]].repeat_interleave(group, dim=1).transpose(1, 2).contiguous(), None
 
 
 def _wait(device: torch.device) -> None:
@@ -135,14 +151,17 @@ def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, selecto
 def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = BUDGET_TOKENS,
                       peak_tbps: float | None = None, selectors: tuple[str, ...] | None = None,
                       device: str = "cuda", shape: dict | None = None, repeats: int = 3,
-                      warmup: int = 2) -> list[dict]:
+                      warmup: int = 2, merges: tuple[str, ...] = ("separate", "kernel")) -> list[dict]:
     """The rows of one case (module docstring): ``context = case.seq_len`` tokens in the cache, batch
     ``case.batch``, ``new_tokens`` timed, the selectors at ``budget_tokens`` (default
     :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` without ``window``), on ``device`` with the model
     of :func:`~topo_attn.bench.model.build_model` (``shape`` as there), ``repeats`` timed ``generate`` calls
     after ``warmup`` ones. ``peak_tbps``: the bandwidth of the bytes floor (default: the GPU's datasheet
-    figure)."""
-    from transformers import StaticCache
+    figure). ``merges``: the kit's rows are run with each of these ``decode_merge`` modes
+    (:func:`~topo_attn.integrations.transformers.register`), the ``"kernel"`` ones labelled :data:`ONE_LAUNCH`.
+    Each row's ``attention_ms`` is its time less the :data:`NO_ATTENTION` row's."""
+    from transformers import AttentionInterface, StaticCache
+    from transformers.masking_utils import AttentionMaskInterface
 
     from ..integrations import transformers as tat
     from ..integrations.static_cache import TopoStaticCache
@@ -181,22 +200,28 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
                     budget_tokens=None if budget_blocks is None else budget_blocks * bs, ms_per_token=ms,
                     floor_ms=floor, new_tokens=new_tokens, tokens=tokens, logits=logits)
 
-    rows = [timed(RECIPE, StaticCache, "sdpa")]
-    dense = tat.register(selector="dense", block_size=bs, name="topo_generate_dense")
-    rows.append(timed(KIT_DENSE, TopoStaticCache, dense))
-    for selector in selectors:
-        name = tat.register(selector=selector, block_size=bs, sinks=case.sinks, window=case.window, budget=budget,
-                            name=f"topo_generate_{selector}")
-        rows.append(timed(f"kit {selector} static cache compiled", TopoStaticCache, name, (bs,), budget, selector))
-    recipe = rows[0]
+    AttentionInterface.register("topo_generate_floor", no_attention_step)
+    AttentionMaskInterface.register("topo_generate_floor", partial(tat.plain_causal_mask, "topo_generate_floor"))
+    rows = [timed(NO_ATTENTION, StaticCache, "topo_generate_floor"), timed(RECIPE, StaticCache, "sdpa")]
+    for merge in merges:
+        suffix = ONE_LAUNCH if merge == "kernel" else ""
+        dense = tat.register(selector="dense", block_size=bs, name="topo_generate_dense", decode_merge=merge)
+        rows.append(timed(KIT_DENSE + suffix, TopoStaticCache, dense))
+        for selector in selectors:
+            name = tat.register(selector=selector, block_size=bs, sinks=case.sinks, window=case.window,
+                                budget=budget, name=f"topo_generate_{selector}", decode_merge=merge)
+            rows.append(timed(f"kit {selector} static cache compiled{suffix}", TopoStaticCache, name, (bs,), budget,
+                              selector))
+    floor_row, recipe = rows[0], rows[1]
     for row in rows:
+        row["attention_ms"] = row["ms_per_token"] - floor_row["ms_per_token"]
         row["vs_recipe"] = row["ms_per_token"] / recipe["ms_per_token"]
         row["vs_floor"] = row["ms_per_token"] / row["floor_ms"]
         new = row["tokens"][:, context + 1:]
         same = (new == recipe["tokens"][:, context + 1:]).all(0)
         row["matching_tokens"] = int(same.int().cumprod(0).sum())  # new tokens equal to the recipe's, from the first
         row["first_logit_diff"] = float((row["logits"] - recipe["logits"]).abs().max())
-        if row["attention"] == KIT_DENSE:
+        if row["attention"].startswith(KIT_DENSE):
             row["tokens_match"] = bool(torch.equal(row["tokens"], recipe["tokens"]))
     for row in rows:
         row.pop("tokens")
@@ -210,7 +235,7 @@ def generate_markdown(rows: list[dict]) -> str:
     for r in rows:
         match = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
         lines.append(f"| {r['case']} | {r['attention']} | {r['budget_tokens'] or ''} | {r['ms_per_token']:.2f} | "
-                     f"{r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} | "
+                     f"{r['attention_ms']:.2f} | {r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} | "
                      f"{r['matching_tokens']} / {r['new_tokens'] + 1} | {r['first_logit_diff']:.2e} |")
     return "\n".join(lines)
 

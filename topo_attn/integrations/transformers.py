@@ -68,6 +68,7 @@ import torch
 
 from .._checks import check_int, check_kernel_block_size
 from ..attention import scheduled_attention
+from ..attention.static_decode import MERGE_MODES
 from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
@@ -126,6 +127,7 @@ class Settings:
     budget: int
     dense_layers: frozenset[int]
     options: Mapping[str, object] = field(default_factory=dict)
+    decode_merge: str = "separate"
 
     def is_dense(self, layer_idx: int | None) -> bool:
         """Whether layer ``layer_idx`` runs every causal block (``selector="dense"`` or a dense layer)."""
@@ -206,7 +208,7 @@ def _check_dense_layers(dense_layers: object) -> frozenset[int]:
 
 def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, window: int = 1, budget: int = 8,
              dense_layers: Iterable[int] = (), name: str = "topo_attn",
-             options: Mapping[str, object] | None = None) -> str:
+             options: Mapping[str, object] | None = None, decode_merge: str = "separate") -> str:
     """Register (or re-register) the kit's attention under ``name`` with transformers, and return ``name``,
     to be passed as ``attn_implementation`` (``Config(..., attn_implementation=name)``,
     ``from_pretrained(..., attn_implementation=name)`` or ``model.set_attn_implementation(name)``).
@@ -224,6 +226,9 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
         options: extra keyword options of the selector (``seed`` for ``random``, ``clusters`` for the
             cluster selectors, ``chunk`` for ``oracle``, ``strict`` for a selection without look-ahead, see
             :func:`topo_attn.selection.select`); the oracle's ``scale`` is the model's.
+        decode_merge: how a static cache's decoding step merges its split partials
+            (:func:`topo_attn.attention.static_decode.static_decode`'s ``merge``): ``"separate"``, a second
+            launch, or ``"kernel"``, one launch whose last split program merges.
 
     Registering a name again replaces its settings (models already using the name follow them from their
     next forward) and clears its statistics and its dense-decode warning flag.
@@ -247,7 +252,9 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
         raise TypeError(f"options must be a mapping of selector options or None, got {type(options).__name__}")
     if options and "scale" in options:
         raise ValueError("options must not hold 'scale': the oracle uses the model's softmax scale")
-    settings = Settings(name, selector, block_size, sinks, window, budget, layers, dict(options or {}))
+    if not isinstance(decode_merge, str) or decode_merge not in MERGE_MODES:
+        raise ValueError(f"decode_merge must be one of {list(MERGE_MODES)}, got {decode_merge!r}")
+    settings = Settings(name, selector, block_size, sinks, window, budget, layers, dict(options or {}), decode_merge)
 
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -533,8 +540,8 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
         table = None if dense else step_block_table(settings.selector, query, stats, state.length, settings.sinks,
                                                     settings.window, settings.budget)
-        # two launches (split, merge): the one-launch merge (merge="kernel") has not run on a GPU yet
-        out = static_decode(query, key, value, state.length, table, settings.block_size, scaling, merge="separate")
+        out = static_decode(query, key, value, state.length, table, settings.block_size, scaling,
+                            merge=settings.decode_merge)
         return out.transpose(1, 2).contiguous(), None
     valid = int(state.length)  # one read on the host: an eager call (the prefill, a chunk)
     return _attention(name, module, query, key[..., :valid, :], value[..., :valid, :], None, scaling, dropout,

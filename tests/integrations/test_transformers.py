@@ -338,6 +338,7 @@ def test_dense_gradients_equal_sdpa(dtype, device):
     (dict(name="paged|topo"), "name"),
     (dict(name="eager"), "name"),
     (dict(name=""), "name"),
+    (dict(decode_merge="fused"), "decode_merge"),
 ])
 def test_bad_settings_raise_naming_the_argument(kwargs, argument):
     with pytest.raises(ValueError, match=argument):
@@ -346,7 +347,7 @@ def test_bad_settings_raise_naming_the_argument(kwargs, argument):
 
 def test_bad_types_raise_type_errors():
     for kwargs in (dict(block_size=16.0), dict(budget="8"), dict(selector=None), dict(name=3),
-                   dict(dense_layers=1), dict(options=[("seed", 1)])):
+                   dict(dense_layers=1), dict(options=[("seed", 1)]), dict(decode_merge=None)):
         with pytest.raises(TypeError):
             tat.register(**kwargs)
     with pytest.raises(KeyError, match="never_registered"):

@@ -235,8 +235,9 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
 
     Raises:
         ValueError: an unknown selector, a block size that is not a power of two >= 16, a negative number
-            (``sinks``, ``window``, ``budget``, a layer index), a reserved name (each naming the argument).
-        TypeError: a non-int number, a non-str name or selector, options that are not a mapping.
+            (``sinks``, ``window``, ``budget``, a layer index), a reserved name, an unknown ``decode_merge``
+            (each naming the argument).
+        TypeError: a non-int number, a non-str name, selector or decode_merge, options that are not a mapping.
         ImportError: transformers is not installed (``pip install topo_attn[lm]``).
     """
     if not isinstance(selector, str):
@@ -252,7 +253,9 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
         raise TypeError(f"options must be a mapping of selector options or None, got {type(options).__name__}")
     if options and "scale" in options:
         raise ValueError("options must not hold 'scale': the oracle uses the model's softmax scale")
-    if not isinstance(decode_merge, str) or decode_merge not in MERGE_MODES:
+    if not isinstance(decode_merge, str):
+        raise TypeError(f"decode_merge must be a str, one of {list(MERGE_MODES)}, got {type(decode_merge).__name__}")
+    if decode_merge not in MERGE_MODES:
         raise ValueError(f"decode_merge must be one of {list(MERGE_MODES)}, got {decode_merge!r}")
     settings = Settings(name, selector, block_size, sinks, window, budget, layers, dict(options or {}), decode_merge)
 

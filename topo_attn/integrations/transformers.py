@@ -517,8 +517,9 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
 
     - a one-token step of a dense layer or of a selector with a fixed-shape step
       (:data:`~topo_attn.selection.static_step.STATIC_SELECTORS`), and a step of up to 16 tokens of a dense
-      layer: :func:`~topo_attn.attention.static_decode.static_decode` over the buffers, the selection by
-      :func:`~topo_attn.selection.static_step.step_block_table`; nothing is read back, so a compiled step
+      layer: :func:`~topo_attn.attention.static_decode.static_decode` over the buffers, the statistics' update
+      and the selection by :func:`~topo_attn.selection.static_step.decode_step_table` (one launch on a GPU);
+      nothing is read back, so a compiled step
       captures it whole (no :func:`last_stats` entry is recorded for such a step: its visited blocks are known
       on the device only);
     - anything else (the prefill, a chunk, a selector without a fixed-shape step): the valid keys, whose count
@@ -527,7 +528,7 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     The block statistics of a sparse layer are updated for the blocks this call writes, in every case."""
     from ..attention.decode import MAX_DECODE_QUERIES
     from ..attention.static_decode import static_decode
-    from ..selection.static_step import STATIC_SELECTORS, step_block_table
+    from ..selection.static_step import STATIC_SELECTORS, decode_step_table
 
     if state is None:
         raise ValueError(f"attn_implementation {name!r} needs a TopoStaticCache "
@@ -539,10 +540,11 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     stats = None
     if not dense and settings.selector in STATIC_SELECTORS:
         stats = state.block_stats(key, settings.block_size, salience=SELECTORS[settings.selector].topology_aware)
-        stats.update(key, state.length - q_len, q_len)
+        if q_len > 1:
+            stats.update(key, state.length - q_len, q_len)
     if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
-        table = None if dense else step_block_table(settings.selector, query, stats, state.length, settings.sinks,
-                                                    settings.window, settings.budget)
+        table = None if dense else decode_step_table(settings.selector, query, key, stats, state.length,
+                                                     settings.sinks, settings.window, settings.budget)
         out = static_decode(query, key, value, state.length, table, settings.block_size, scaling,
                             merge=settings.decode_merge)
         return out.transpose(1, 2).contiguous(), None

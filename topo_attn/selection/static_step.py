@@ -244,10 +244,7 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     """
     chooser = get(selector, "step", static_step=True)
     _check_step(q, stats, length)
-    if chooser.topology_aware and stats.salience is None:
-        raise ValueError(f"selector {selector!r} ranks the kept salience: make the statistics with salience=True "
-                         f"(StaticBlockStats(..., salience=True) or StaticBlockStats.for_cache(keys, block_size, "
-                         f"salience=True)), got statistics without one")
+    _check_salience(chooser, selector, stats)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
     if _takes_kernel(selector, stats, fused):
         from .static_step_kernel import static_step_table_op  # triton is imported on first use
@@ -282,6 +279,37 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     return torch.cat(parts, dim=-1).to(torch.int32)
 
 
+def decode_step_table(selector: str, q: torch.Tensor, keys: torch.Tensor, stats: StaticBlockStats,
+                      length: torch.Tensor, sinks: int = 1, window: int = 1, budget: int = 4,
+                      fused: bool | None = None) -> torch.Tensor:
+    """A one-token decoding step's selection: ``stats.update(keys, length - 1, 1)`` (the statistics of the block
+    the step's key went into, and the kept salience when that key completes it), then
+    :func:`step_block_table`'s table. On the kernel path both take one launch
+    (:func:`~topo_attn.selection.static_step_kernel.static_step_table` with ``update``, the custom op
+    ``topo_attn::static_step_update_table``); on the torch path, the two calls. The arguments, the choice of
+    path (``fused``), the result and the errors are those of :func:`step_block_table`; ``keys`` is the whole
+    static key cache ``[B, H_kv, S_max, D]`` holding the step's key at ``length - 1``, as :meth:`~StaticBlockStats.update`
+    takes it. Statistics and tables equal the two calls' up to float32 rounding of the sums (the kernel sums a
+    block's keys and distances in its own order)."""
+    chooser = get(selector, "step", static_step=True)
+    _check_step(q, stats, length)
+    stats._check_update(keys, length, 1)
+    _check_salience(chooser, selector, stats)
+    sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
+    kernel = _takes_kernel(selector, stats, fused)
+    if kernel and stats.lo.dtype != torch.float32:  # (window scores nothing, but the kernel's update is float32)
+        if fused:
+            raise ValueError(f"fused=True: the kernel updates float32 statistics, got {stats.lo.dtype}")
+        kernel = False
+    if kernel:
+        from .static_step_kernel import static_step_update_table_op  # triton is imported on first use
+
+        return static_step_update_table_op(q, keys.detach(), stats.centroids, stats.lo, stats.hi, stats.salience,
+                                           length, FUSED_SCORES[selector], stats.block_size, sinks, window, budget)
+    stats.update(keys, length.reshape(()) - 1, 1)
+    return step_block_table(selector, q, stats, length, sinks, window, budget, fused)
+
+
 def _takes_kernel(selector: str, stats: StaticBlockStats, fused: object) -> bool:
     """Whether :func:`step_block_table` launches the kernel (``fused``: None, True or False); raises
     ``ValueError`` for ``fused=True`` where the kernel does not apply."""
@@ -309,6 +337,13 @@ def _takes_kernel(selector: str, stats: StaticBlockStats, fused: object) -> bool
     if refusal is not None and fused:
         raise ValueError(f"fused=True: {refusal}")
     return refusal is None
+
+
+def _check_salience(chooser, selector: str, stats: StaticBlockStats) -> None:
+    if chooser.topology_aware and stats.salience is None:
+        raise ValueError(f"selector {selector!r} ranks the kept salience: make the statistics with salience=True "
+                         f"(StaticBlockStats(..., salience=True) or StaticBlockStats.for_cache(keys, block_size, "
+                         f"salience=True)), got statistics without one")
 
 
 def _check_step(q: object, stats: object, length: object) -> None:

@@ -49,14 +49,69 @@ INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
 
 
 @triton.jit
+def _update_block(
+    Cache, Centroids, Lo, Hi, Salience, batch, kv_head, length, block_size, head_dim,
+    stride_cb, stride_ch, stride_cs, stride_cd,
+    stride_tb, stride_th, stride_tn, stride_td,
+    stride_ab, stride_ah, stride_an,
+    SALIENCE: tl.constexpr, BS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """The statistics of lane ``(batch, kv_head)``'s block that the step's key (position ``length - 1``) went
+    into, from its keys so far: the mean, minimum and maximum (float32); when the key completes the block and
+    ``SALIENCE``, the kept salience's update (:func:`~topo_attn.selection.kept_salience.update_kept_salience`):
+    the block's bar is its distance to the nearest older block, and each older block ``m``'s bar is cut to
+    ``max(d[m], min_{o < m} d[o])`` over the new block's distance row ``d``."""
+    position = length - 1
+    block = position // block_size
+    count = position - block * block_size + 1  # the block's keys so far, this step's included
+    r = tl.arange(0, BS_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    inside = (r[:, None] < count) & (d[None, :] < head_dim)
+    cache = (Cache + batch.to(tl.int64) * stride_cb + kv_head.to(tl.int64) * stride_ch
+             + (block * block_size + r)[:, None].to(tl.int64) * stride_cs + d[None, :] * stride_cd)
+    keys = tl.load(cache, mask=inside, other=0.0).to(tl.float32)
+    mean = tl.sum(keys, axis=0) / count.to(tl.float32)
+    lo = tl.min(tl.where(inside, keys, float("inf")), axis=0)
+    hi = tl.max(tl.where(inside, keys, float("-inf")), axis=0)
+    lane = batch.to(tl.int64) * stride_tb + kv_head.to(tl.int64) * stride_th
+    at = lane + block.to(tl.int64) * stride_tn + d * stride_td
+    tl.store(Centroids + at, mean, mask=d < head_dim)
+    tl.store(Lo + at, lo, mask=d < head_dim)
+    tl.store(Hi + at, hi, mask=d < head_dim)
+    if SALIENCE:
+        if count == block_size:  # the block completed: its bar, and the older bars it shortens
+            bars = Salience + batch.to(tl.int64) * stride_ab + kv_head.to(tl.int64) * stride_ah
+            nearest = tl.full([BLOCK_N], float("inf"), tl.float32)  # element-wise minimum of d so far
+            for start in range(0, block, BLOCK_N):
+                o = start + tl.arange(0, BLOCK_N)
+                older = o < block
+                centroids = tl.load(Centroids + lane + o[:, None].to(tl.int64) * stride_tn + d[None, :] * stride_td,
+                                    mask=older[:, None] & (d[None, :] < head_dim), other=0.0)
+                diff = centroids - mean[None, :]
+                dist = tl.where(older, tl.sqrt(tl.sum(diff * diff, axis=1)), float("inf"))
+                # min_{o < m} d[o]: within this chunk (a masked [m, o] minimum), then over the chunks before
+                before = tl.min(tl.where(o[None, :] < o[:, None], dist[None, :], float("inf")), axis=1)
+                before = tl.minimum(before, tl.min(nearest, axis=0))
+                bar = tl.load(bars + o.to(tl.int64) * stride_an, mask=older, other=float("inf"))
+                tl.store(bars + o.to(tl.int64) * stride_an, tl.minimum(bar, tl.maximum(dist, before)), mask=older)
+                nearest = tl.minimum(nearest, dist)
+            tl.store(bars + block.to(tl.int64) * stride_an, tl.min(nearest, axis=0))
+
+
+@triton.jit
 def _step_table_kernel(
     Q, First, Second, Length, Keys, Out,
     nb, kv_heads, block_size, sinks, window, take, width,
     stride_qb, stride_qh, stride_qd,
     stride_sb, stride_sh, stride_sn, stride_sd,
     head_dim,
+    Cache, Centroids, Lo, Hi, Salience,
+    stride_cb, stride_ch, stride_cs, stride_cd,
+    stride_tb, stride_th, stride_tn, stride_td,
+    stride_ab, stride_ah, stride_an,
     SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
+    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr,
 ):
     """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
 
@@ -64,12 +119,19 @@ def _step_table_kernel(
     ``hi``, ``lo`` for ``quest``, the centroids twice for ``centroid``, the kept salience ``[B, H_kv, nb, 1]``
     twice for ``salience`` (its column 0 read), unread for ``none``. ``Length``: one
     integer, the valid keys. ``Keys``: int64 workspace ``[B * H_kv, nb]``. ``Out``: int32 ``[B * H_kv, width]``,
-    contiguous."""
+    contiguous. With ``UPDATE``, first :func:`_update_block` from the key cache ``Cache [B, H_kv, S_max, D]``
+    into the statistics ``Centroids``, ``Lo``, ``Hi`` (float32, one set of strides) and, with ``SALIENCE``,
+    ``Salience [B, H_kv, nb]``; unread otherwise."""
     lane = tl.program_id(0)
     batch = lane // kv_heads
     kv_head = lane % kv_heads
-    # -- the query's block and the candidates sinks <= kb < end, from the length on the device
     length = tl.load(Length).to(tl.int64)
+    if UPDATE:
+        _update_block(Cache, Centroids, Lo, Hi, Salience, batch, kv_head, length, block_size, head_dim,
+                      stride_cb, stride_ch, stride_cs, stride_cd, stride_tb, stride_th, stride_tn, stride_td,
+                      stride_ab, stride_ah, stride_an, SALIENCE, BS_PAD, BLOCK_N, HEAD_DIM)
+        tl.debug_barrier()  # the statistics just written are read below by other threads of the program
+    # -- the query's block and the candidates sinks <= kb < end, from the length on the device
     qb = tl.where(length > 0, (length - 1) // block_size, -1)
     end = tl.minimum(tl.maximum(qb - window, 0), nb)
     # -- the base: the sinks below the window, then the window up to qb; -1 before block 0
@@ -125,7 +187,8 @@ def _step_table_kernel(
 
 
 def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
-                      score: str, block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
+                      score: str, block_size: int, sinks: int, window: int, budget: int,
+                      update: tuple | None = None) -> torch.Tensor:
     """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
     :func:`~topo_attn.selection.static_step.step_block_table`).
 
@@ -136,6 +199,11 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             salience ``[B, H_kv, nb, 1]`` twice for ``salience``, any such tensor for ``none`` (never read).
         length: integer tensor of one element on q's device, the valid keys (read on the device).
         score: one of :data:`SCORES`. block_size: tokens per block, ``>= 1``. sinks, window, budget: ``>= 0``.
+        update: None, or ``(cache, centroids, lo, hi, salience)``: first write, in the same launch, the
+            statistics of the block the key at ``length - 1`` went into (:meth:`StaticBlockStats.update
+            <topo_attn.selection.static_step.StaticBlockStats.update>` of one key): ``cache`` the key cache
+            ``[B, H_kv, S_max, D]``; ``centroids``, ``lo``, ``hi`` float32 ``[B, H_kv, nb, D]`` of one set of
+            strides; ``salience`` ``[B, H_kv, nb]`` float32 or None (no kept salience).
 
     Returns:
         int32 ``[B, H_kv, sinks + window + 1 + budget]``: per lane the sinks ``kb < min(sinks, qb - window)``,
@@ -149,13 +217,18 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     keys = torch.empty((batch * kv_heads, nb if score != "none" else 1), dtype=torch.int64, device=q.device)
     nb_pad = triton.next_power_of_2(nb)
     head_dim = triton.next_power_of_2(dim)
+    cache, centroids, lo, hi, salience = update if update is not None else (first,) * 4 + (None,)
+    bars = salience if salience is not None else first[..., 0]
     _step_table_kernel[(batch * kv_heads,)](
         q, first, second, length, keys, out,
         nb, kv_heads, block_size, sinks, window, min(budget, nb), width,
         q.stride(0), q.stride(1), q.stride(3), *first.stride(),
         dim,
+        cache, centroids, lo, hi, bars,
+        *cache.stride(), *centroids.stride(), *bars.stride(),
         SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
         HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
+        UPDATE=update is not None, SALIENCE=salience is not None, BS_PAD=triton.next_power_of_2(block_size),
         num_warps=4 if nb_pad <= 1024 else 8,
     )
     return out
@@ -171,3 +244,26 @@ def static_step_table_op(q: torch.Tensor, first: torch.Tensor, second: torch.Ten
 @static_step_table_op.register_fake
 def static_step_table_fake(q, first, second, length, score, block_size, sinks, window, budget):
     return q.new_empty((q.shape[0], first.shape[1], sinks + window + 1 + budget), dtype=torch.int32)
+
+
+@torch.library.custom_op("topo_attn::static_step_update_table", mutates_args=("centroids", "lo", "hi", "salience"))
+def static_step_update_table_op(q: torch.Tensor, cache: torch.Tensor, centroids: torch.Tensor, lo: torch.Tensor,
+                                hi: torch.Tensor, salience: torch.Tensor | None, length: torch.Tensor, score: str,
+                                block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
+    """The custom op ``torch.ops.topo_attn.static_step_update_table``: :func:`static_step_table` with the
+    statistics' update of the step's key in the same launch (``update=(cache, centroids, lo, hi, salience)``;
+    the scores read ``hi, lo``, the centroids twice, or the salience as ``score`` says). Writes ``centroids``,
+    ``lo``, ``hi`` and ``salience`` in place; trusts its inputs."""
+    first, second = centroids, centroids
+    if score == "quest":
+        first, second = hi, lo
+    elif score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
+        first = second = salience[..., None]
+    return static_step_table(q, first, second, length, score, block_size, sinks, window, budget,
+                             update=(cache, centroids, lo, hi, salience))
+
+
+@static_step_update_table_op.register_fake
+def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, length, score, block_size, sinks, window,
+                                  budget):
+    return q.new_empty((q.shape[0], centroids.shape[1], sinks + window + 1 + budget), dtype=torch.int32)

@@ -2,7 +2,9 @@
 
 ``corpus`` (the Python sources this machine has, split by a hash of each file's name), ``probe`` (key lines
 copied from far back: the passkey probe and the training documents that teach copying), ``evaluate`` (loss by
-position, bits per byte, passkey scores), ``train`` (``python -m topo_attn.lm train``), ``study``
+position, bits per byte, passkey scores), ``train`` (``python -m topo_attn.lm train``, with SDPA or the kit's
+sparse attention from the first step), ``native`` (``python -m topo_attn.lm native``: one model trained per
+attention, compared with the SDPA-trained one under the same selectors), ``study``
 (``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
 selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
 passkey probe answered by ``generate()`` through the decode path), ``results`` (the result files of these

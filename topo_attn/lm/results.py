@@ -10,7 +10,10 @@ The commands of :mod:`topo_attn.lm` write JSON results (to ``--out``; the commit
 - ``python -m topo_attn.lm research``: suite :data:`LM_RESEARCH_SUITE`, ``rows`` of recall per selector and
   budget (:func:`load_lm_research`, :func:`lm_research_table`);
 - ``python -m topo_attn.lm passkey``: suite :data:`LM_PASSKEY_SUITE`, ``rows`` of the passkey probe answered
-  by generation (:func:`load_lm_passkey`; :func:`topo_attn.lm.generation.markdown` renders it).
+  by generation (:func:`load_lm_passkey`; :func:`topo_attn.lm.generation.markdown` renders it);
+- ``python -m topo_attn.lm native``: suite :data:`LM_NATIVE_SUITE`, ``rows`` of one model trained per attention
+  and ``after_training`` rows of the SDPA-trained model under the same attentions (:func:`load_lm_native`;
+  :func:`topo_attn.lm.native.markdown` renders it).
 
 A relative path is taken from the repository's root, so ``"data/benchmarks/lm_quality_h200.json"`` works from
 any folder. Importing this module imports neither transformers nor pandas (pandas is imported on use).
@@ -30,6 +33,9 @@ LM_RESEARCH_SUITE = "lm_research"
 """The research step's suite (``python -m topo_attn.lm research``): ``rows`` of recall per selector and budget."""
 LM_PASSKEY_SUITE = "lm_passkey_generate"
 """The suite of the passkey probe answered by generation (``python -m topo_attn.lm passkey``)."""
+LM_NATIVE_SUITE = "lm_native"
+"""The suite of native sparse training (``python -m topo_attn.lm native``): ``rows`` per trained model and
+``after_training`` rows."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 """The top-level keys every :data:`LM_SUITE` file has."""
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
@@ -178,6 +184,21 @@ def load_lm_passkey(path: str | Path) -> dict:
         ValueError: the file is not of suite ``lm_passkey_generate`` or has no list of ``rows``.
     """
     return _load_rows(path, LM_PASSKEY_SUITE, "passkey-by-generation", "python -m topo_attn.lm passkey")
+
+
+def load_lm_native(path: str | Path) -> dict:
+    """Native sparse training's results (``python -m topo_attn.lm native --out path``) as the parsed JSON; a
+    relative ``path`` is taken from the repository's root.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_native``, has no list of ``rows`` or of ``after_training``
+            rows, or has :data:`~topo_attn.provenance.COMMIT_KEYS` of the wrong type.
+    """
+    data = _load_rows(path, LM_NATIVE_SUITE, "native sparse training", "python -m topo_attn.lm native")
+    if not isinstance(data.get("after_training"), list):
+        raise ValueError(f"{path}: expected the native sparse training results with a list of after_training rows")
+    return data
 
 
 def lm_research_table(result: Mapping):

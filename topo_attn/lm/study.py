@@ -154,15 +154,18 @@ def _visited(name: str | None) -> tuple[int, int]:
     return sum(s.scheduled_blocks for s in stats), sum(s.causal_blocks for s in stats)
 
 
-def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True) -> tuple[list[dict], list[dict]]:
-    """Perplexity rows and retrieval rows for every configuration (see the module docstring); a progress bar when
-    ``progress`` (None: when stderr is a terminal)."""
+def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
+                 configs: list[tuple[str, int | None]] | None = None) -> tuple[list[dict], list[dict]]:
+    """Perplexity rows and retrieval rows for every configuration (see the module docstring), or for the
+    ``(attention, budget)`` pairs of ``configs`` when given (``sdpa``, ``dense`` or a selector; what
+    ``python -m topo_attn.lm native`` evaluates); a progress bar when ``progress`` (None: when stderr is a
+    terminal)."""
     from tqdm.auto import tqdm
 
     ids = torch.from_numpy(docs.astype(np.int64))
     probes = probe_set(docs, probe_distances(docs.shape[1]), args.probes, seed=args.seed)
     perplexity, retrieval = [], []
-    configs = configurations(args.budgets, chosen_selectors(args))
+    configs = configurations(args.budgets, chosen_selectors(args)) if configs is None else configs
     for attention, budget in tqdm(configs, desc="perplexity and retrieval",
                                       disable=not cli.progress_enabled(progress)):
         started = time.perf_counter()

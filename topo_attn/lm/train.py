@@ -1,10 +1,11 @@
 """Training the kit's byte-level long-context language model (``python -m topo_attn.lm train``).
 
 A Llama-architecture model (transformers' ``LlamaForCausalLM``: RoPE, grouped-query attention, SwiGLU) over
-bytes (vocabulary 256, no special tokens), trained with dense attention (SDPA) on :mod:`.corpus`: random
-windows of ``context + 1`` bytes of the training files (packed in a seeded order of their contents,
-:func:`.corpus.packing_order`), a share of them with key lines copied from far
-back (:func:`.probe.insert_copies`) so that the model learns to retrieve. AdamW, linear warm-up then cosine
+bytes (vocabulary 256, no special tokens), trained with dense attention (SDPA; or, with
+``TrainSettings.attention``, the kit's sparse attention from the first step: :func:`use_attention`) on
+:mod:`.corpus`: random windows of ``context + 1`` bytes of the training files (packed in a seeded order of their
+contents, :func:`.corpus.packing_order`), a share of them with key lines copied from far back
+(:func:`.probe.insert_copies`) so that the model learns to retrieve. AdamW, linear warm-up then cosine
 decay to 10%, bfloat16 autocast on a GPU. Everything is seeded; the run writes, into its output folder, the
 checkpoint (``config.json``, ``model.safetensors`` in bfloat16), ``train_log.jsonl`` (one JSON line per logged
 step and evaluation), ``corpus_manifest.json.gz`` and ``eval_set.npz`` (the held-out documents, full context:
@@ -20,13 +21,13 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .._checks import check_int
+from .._checks import check_int, check_kernel_block_size
 from ..cli import progress_enabled
 from .corpus import documents, find_sources, manifest, pack, split_corpus
 from .evaluate import bits_per_byte, passkey_scores, token_losses
@@ -52,7 +53,16 @@ class TrainSettings:
     learning-rate schedule; ``stop_after``: stop after this many steps all the same (None: run them all);
     ``max_minutes``: stop after the first step that ends past this training time (the committed model was
     trained with ``steps=4000, max_minutes=6.3`` and stopped after 3358 steps; ``stop_after=3358`` repeats
-    that run without the clock)."""
+    that run without the clock).
+
+    Native sparse training: ``attention`` is one of :data:`ATTENTIONS`: ``"sdpa"`` (the default, torch's SDPA,
+    as the committed model was trained), ``"dense"`` (the kit's kernels over every causal block) or a selector
+    of the kit, through the transformers backend (:func:`use_attention`) from the first step, forward and
+    backward; ``block_size`` (a power of two >= 16), ``sinks`` and ``window`` are its rule's, and ``budget``
+    the key blocks it adds per query block beyond the sinks and the window (None: n/8, an eighth of the
+    context's ``ceil(context / block_size)`` blocks: 16 at context 8192 with 64-token blocks; see
+    :func:`attention_budget`). ``budget`` must stay None for ``sdpa``, ``dense`` and ``window`` (they add no
+    blocks); ``block_size``, ``sinks`` and ``window`` are unused by ``sdpa``."""
 
     context: int = 8192
     batch: int = 8
@@ -68,6 +78,21 @@ class TrainSettings:
     log_every: int = 25
     seed: int = 0
     max_minutes: float | None = None
+    attention: str = "sdpa"
+    budget: int | None = None
+    block_size: int = 64
+    sinks: int = 1
+    window: int = 1
+
+
+ATTENTIONS = ("sdpa", "dense", "window", "quest", "centroid", "topology", "topology_22")
+"""The values of ``TrainSettings.attention`` (issue 42's list): ``sdpa``, the kit's ``dense``, and the
+selectors ``window`` (the sinks and the window only), ``quest``, ``centroid`` (query-aware), ``topology`` and
+``topology_22`` (query-blind: the elder-rule salience of the key blocks; #22's rule)."""
+FULL_ATTENTIONS = ("sdpa", "dense")
+"""The attentions of :data:`ATTENTIONS` that visit every causal block (no budget)."""
+TRAIN_BACKEND = "topo_attn_train"
+"""The name under which :func:`use_attention` registers the kit's backend for training."""
 
 
 def lm_config(shape: ModelShape, context: int):
@@ -141,8 +166,9 @@ def _log(path: Path, record: dict) -> None:
 
 def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
     """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1, a
-    context too short for the passkey probe. ``label(field)`` is how a message names a field (e.g. its
-    command-line option)."""
+    context too short for the passkey probe, an attention outside :data:`ATTENTIONS`, a block size that is not
+    a power of two >= 16, negative sinks, window or budget, a budget given to an attention that adds no blocks.
+    ``label(field)`` is how a message names a field (e.g. its command-line option)."""
     for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
         check_int(label(name), getattr(settings, name), 1)
     try:
@@ -151,6 +177,144 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
         raise ValueError(str(error).replace("context", label("context"), 1)) from error
     if settings.stop_after is not None:
         check_int(label("stop_after"), settings.stop_after, 1)
+    check_attention(settings, label)
+
+
+def check_attention(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
+    """The attention part of :func:`check_settings`: ``attention``, ``budget``, ``block_size``, ``sinks`` and
+    ``window`` (``ValueError`` / ``TypeError`` naming the field as ``label(field)``)."""
+    attention = settings.attention
+    if not isinstance(attention, str):
+        raise TypeError(f"{label('attention')} must be a str, one of {list(ATTENTIONS)}, got "
+                        f"{type(attention).__name__}")
+    if attention not in ATTENTIONS:
+        raise ValueError(f"{label('attention')} must be one of {list(ATTENTIONS)}, got {attention!r}")
+    block_size = check_int(label("block_size"), settings.block_size, 1)
+    try:
+        check_kernel_block_size(block_size)
+    except ValueError as error:
+        raise ValueError(str(error).replace("block_size", label("block_size"), 1)) from error
+    check_int(label("sinks"), settings.sinks)
+    check_int(label("window"), settings.window)
+    if settings.budget is not None:
+        check_int(label("budget"), settings.budget)
+        if not adds_blocks(attention):
+            full = attention in FULL_ATTENTIONS
+            what = "visits every causal block" if full else "adds no blocks (sinks and window only)"
+            raise ValueError(f"{label('budget')} is for a selector that adds blocks; attention {attention!r} "
+                             f"{what}, so leave {label('budget')} unset")
+
+
+def adds_blocks(attention: str) -> bool:
+    """Whether ``attention`` (of :data:`ATTENTIONS`) adds ``budget`` blocks per query block (a selector whose
+    registry entry says so; not ``sdpa``, ``dense`` or ``window``)."""
+    if attention in FULL_ATTENTIONS:
+        return False
+    from ..selection import SELECTORS
+
+    return SELECTORS[attention].adds_blocks
+
+
+def attention_budget(settings: TrainSettings) -> int | None:
+    """The blocks ``settings.attention`` adds per query block beyond the sinks and the window: None for
+    ``sdpa`` and ``dense`` (every causal block), 0 for ``window`` (it adds none), else ``settings.budget``, or
+    when that is None n/8: ``ceil(context / block_size) // 8`` (16 at context 8192 with 64-token blocks).
+    Assumes :func:`check_settings` passed."""
+    if settings.attention in FULL_ATTENTIONS:
+        return None
+    if not adds_blocks(settings.attention):
+        return 0
+    if settings.budget is not None:
+        return settings.budget
+    return -(-settings.context // settings.block_size) // 8
+
+
+def use_attention(model, settings: TrainSettings, name: str = TRAIN_BACKEND) -> str | None:
+    """Switch ``model`` (a transformers model) to ``settings.attention`` and return the backend's name, or None
+    for ``sdpa`` (the model is left as it is).
+
+    Otherwise the kit's transformers backend (:func:`topo_attn.integrations.transformers.register`) is
+    (re-)registered under ``name`` with ``selector=settings.attention``, the settings' ``block_size``,
+    ``sinks`` and ``window``, and :func:`attention_budget`'s budget, and the model's ``attn_implementation``
+    set to it. Every forward over a whole sequence (each training step, each evaluation) then runs, per layer,
+    the selection on that layer's own queries and keys of that very forward (detached: no gradient flows
+    through the choice; nothing is kept between steps, so each step chooses afresh from the current weights)
+    and :func:`topo_attn.scheduled_attention`'s Triton kernels over the chosen blocks, whose backward gives the
+    gradients of the queries, keys and values. ``tests/lm/test_native.py`` checks this: one selection per layer
+    and forward, on the query and key the kernel then receives. ``dense`` runs every causal block through the
+    same kernels. Whether a selector's scores wait for the host is its registry flag
+    (``topo_attn.selection.SELECTORS[name].sync_free``): of :data:`ATTENTIONS`, ``topology_22`` reads its entry
+    count back once per layer; no other selector's scores wait."""
+    if settings.attention == "sdpa":
+        return None
+    from ..integrations import transformers as tat
+
+    budget = attention_budget(settings)
+    tat.register(selector=settings.attention, block_size=settings.block_size, sinks=settings.sinks,
+                 window=settings.window, budget=budget or 0, name=name)
+    model.set_attn_implementation(name)
+    return name
+
+
+def option(field: str) -> str:
+    """The command-line option of a settings field: ``eval_every`` -> ``--eval-every``."""
+    return f"--{field.replace('_', '-')}"
+
+
+OPTION_TYPES = {"max_minutes": float, "stop_after": int, "budget": int}
+"""The command-line types of the :class:`TrainSettings` fields whose default is None (the others: the default's
+type)."""
+
+
+OPTION_HELP = {
+    "attention": f"the attention trained with from the first step: {', '.join(ATTENTIONS)} (default sdpa)",
+    "budget": "extra key blocks per query block of a selector that adds blocks (default n/8: ceil(context / "
+              "block size) // 8, 16 at context 8192 with 64-token blocks)",
+    "block_size": "tokens per block of the kit's attention (a power of two >= 16)",
+    "sinks": "sink blocks every query block visits (the kit's attention)",
+    "window": "blocks before the diagonal every query block visits (the kit's attention)",
+}
+"""The help of the command-line options of the attention fields of :class:`TrainSettings`."""
+
+
+def add_arguments(parser, skip: tuple[str, ...] = ()) -> None:
+    """One option per field of :class:`TrainSettings` and :class:`ModelShape` (:func:`option`; defaults the
+    dataclasses'), those named in ``skip`` left out."""
+    for field in fields(TrainSettings) + fields(ModelShape):
+        if field.name not in skip:
+            kind = OPTION_TYPES.get(field.name, type(field.default))
+            parser.add_argument(option(field.name), type=kind, default=field.default,
+                                help=OPTION_HELP.get(field.name))
+
+
+def settings_from_args(args, **values) -> TrainSettings:
+    """The :class:`TrainSettings` of parsed ``args`` (:func:`add_arguments`; ``--stop-after 0``: run every step),
+    fields in ``values`` taken from there instead."""
+    given = {f.name: values[f.name] if f.name in values else getattr(args, f.name) for f in fields(TrainSettings)}
+    given["stop_after"] = given["stop_after"] or None
+    return TrainSettings(**given)
+
+
+def shape_from_args(args) -> ModelShape:
+    """The :class:`ModelShape` of parsed ``args`` (:func:`add_arguments`)."""
+    return ModelShape(**{f.name: getattr(args, f.name) for f in fields(ModelShape)})
+
+
+def check_arguments(args, settings: TrainSettings) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for command-line values that would fail late (after the corpus
+    is read) or unclearly: ``settings`` that :func:`check_settings` rejects (named by their options), a model
+    shape of parsed ``args`` below 1, a ``--device`` without CUDA."""
+    from .. import cli
+    from .study import check_device
+
+    try:
+        check_settings(settings, option)
+    except (ValueError, TypeError) as error:
+        raise cli.UsageError(str(error)) from error
+    for field in fields(ModelShape):
+        if field.type in (int, "int"):
+            cli.check_at_least(option(field.name), getattr(args, field.name), 1, field.name)
+    check_device("--device", args.device)
 
 
 def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape: ModelShape = ModelShape(),
@@ -158,9 +322,15 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     """Train a model and write the checkpoint, log, corpus manifest and evaluation set into ``out_dir``
     (created; files of an earlier run there are replaced; the weights in files of at most ``max_shard_size``,
     one file for the default model). ``roots``: the corpus roots (:func:`.corpus.find_sources`). A progress bar
-    over the steps when ``progress`` (None: when stderr is a terminal). Returns the
-    final evaluation: validation bits per byte (overall and by position bucket) and the passkey probe under
-    dense attention.
+    over the steps when ``progress`` (None: when stderr is a terminal). The model trains, is validated and is
+    probed with ``settings.attention`` (:func:`use_attention`); the checkpoint does not record it (it loads
+    with SDPA). Returns the final evaluation: validation bits per byte (overall and by position bucket) and
+    the passkey probe under that attention, with ``steps``, ``bytes`` (trained on), ``seconds`` (the whole run),
+    ``train_seconds`` (the training steps only, the validations between them left out),
+    ``first_step_seconds`` (the first step: on a GPU it includes compiling the kernels), ``attention``,
+    ``budget`` (:func:`attention_budget`) and ``visited_fraction`` (the kit's scheduled over causal block pairs
+    summed over every layer call until the end of training, validations between steps included; None for
+    ``sdpa``).
 
     Raises:
         ValueError: a setting out of range, or a corpus too small for one window.
@@ -198,6 +368,7 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     config = lm_config(shape, settings.context)
     with torch.device(device):
         model = LlamaForCausalLM(config)
+    backend = use_attention(model, settings)  # None: sdpa, the model as built
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     rest = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([dict(params=decay, weight_decay=settings.weight_decay),
@@ -215,7 +386,11 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         _log(log_path, dict(event="validation", step=step, seconds=time.perf_counter() - started, bits_per_byte=result))
         return result
 
-    train_started, seen, step = time.perf_counter(), 0, 0
+    def synchronize() -> None:  # for the clock only: the GPU's queued steps finish before a time is taken
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+    train_started, seen, step, paused, first_step = time.perf_counter(), 0, 0, 0.0, 0.0
     bar = tqdm(range(settings.steps), desc="train", unit="step", disable=not progress_enabled(progress))
     model.train()
     for step in bar:
@@ -236,8 +411,13 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
             bar.set_postfix(bits=f"{bits:.3f}", MBps=f"{seen / elapsed / 1e6:.2f}")
             _log(log_path, dict(event="step", step=step, bits_per_byte=bits, lr=learning_rate(step, settings),
                                 bytes_per_second=seen / elapsed, seconds=time.perf_counter() - started))
+        if step == 0:  # logged, so its loss was read back: the step is done
+            first_step = time.perf_counter() - train_started
         if step and step % settings.eval_every == 0:
+            synchronize()
+            pause = time.perf_counter()
             validate(step)
+            paused += time.perf_counter() - pause
         reason = None
         if settings.max_minutes is not None and time.perf_counter() - train_started > 60 * settings.max_minutes:
             reason = f"max_minutes={settings.max_minutes} reached"
@@ -248,6 +428,14 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
             print(f"stopped after step {step}: {reason}", file=sys.stderr)
             break
     bar.close()
+    synchronize()
+    train_seconds = time.perf_counter() - train_started - paused
+    visited = None
+    if backend is not None:
+        from ..integrations import transformers as tat
+
+        scheduled, causal = map(sum, zip(*((s, c) for s, c, _ in tat.visited_totals(backend).values())))
+        visited = scheduled / causal
 
     model.eval()
     final = validate(step + 1)
@@ -263,6 +451,8 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     for entry in retrieval.values():
         entry["loss"] /= entry["probes"]
     summary = dict(event="final", steps=step + 1, bytes=seen, seconds=time.perf_counter() - started,
+                   train_seconds=train_seconds, first_step_seconds=first_step, attention=settings.attention,
+                   budget=attention_budget(settings), visited_fraction=visited,
                    bits_per_byte=final, passkey={str(k): v for k, v in retrieval.items()})
     _log(log_path, summary)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)

@@ -53,7 +53,7 @@ from .evaluate import bits_per_byte, passkey_scores, token_losses
 from .results import LM_SUITE
 from .token_attention import TOKEN_SELECTORS, register_token_selection
 from .token_attention import last_stats as token_last_stats
-from .train import probe_distances, probe_set
+from .train import check_device, probe_distances, probe_set
 
 SELECTORS = names("block")
 """The sparse selectors evaluated (every selector of :mod:`topo_attn.selection`'s registry)."""
@@ -257,15 +257,6 @@ def add_common_arguments(parser: argparse.ArgumentParser, documents_help: str) -
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--out", default=None, help="JSON file for the results")
     cli.add_progress_argument(parser)
-
-
-def check_device(option: str, device: str) -> None:
-    """Raise :class:`~topo_attn.cli.UsageError` for a ``device`` torch does not know, or a CUDA device where
-    there is none."""
-    kind = cli.check_option(option, lambda: torch.device(device).type)
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise cli.UsageError(f"argument {option}: {device} asked, but torch sees no CUDA GPU here; expected "
-                             f"cpu (or run on a machine with a GPU)")
 
 
 def check_model_folder(path: str | Path) -> Path:

@@ -300,12 +300,22 @@ def shape_from_args(args) -> ModelShape:
     return ModelShape(**{f.name: getattr(args, f.name) for f in fields(ModelShape)})
 
 
+def check_device(option: str, device: str) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for a ``device`` torch does not know, or a CUDA device where
+    there is none (``option`` names the argument)."""
+    from .. import cli
+
+    kind = cli.check_option(option, lambda: torch.device(device).type)
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise cli.UsageError(f"argument {option}: {device} asked, but torch sees no CUDA GPU here; expected "
+                             f"cpu (or run on a machine with a GPU)")
+
+
 def check_arguments(args, settings: TrainSettings) -> None:
     """Raise :class:`~topo_attn.cli.UsageError` for command-line values that would fail late (after the corpus
     is read) or unclearly: ``settings`` that :func:`check_settings` rejects (named by their options), a model
     shape of parsed ``args`` below 1, a ``--device`` without CUDA."""
     from .. import cli
-    from .study import check_device
 
     try:
         check_settings(settings, option)

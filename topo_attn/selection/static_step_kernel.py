@@ -111,7 +111,7 @@ def _step_table_kernel(
     stride_ab, stride_ah, stride_an,
     SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
-    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr,
+    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr, SORT: tl.constexpr,
 ):
     """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
 
@@ -178,17 +178,27 @@ def _step_table_kernel(
         kb = tl.arange(0, NB_PAD)
         keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
         rounds = tl.minimum(take, tl.maximum(end - sinks, 0))
-        for r in range(rounds):
-            best = tl.max(keys, axis=0)
-            block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
-            row = tl.where(slot == sinks + window + 1 + r, block, row)
-            keys = tl.where(keys == best, NO_KEY, keys)
+        if SORT:  # the row sorted, largest first, back to the workspace; its first `rounds` keys fill the slots
+            ranked = tl.sort(keys, descending=True)
+            tl.debug_barrier()  # every thread has read the row before it is overwritten
+            tl.store(key_base + kb, ranked, mask=kb < nb)
+            tl.debug_barrier()
+            rank = slot - (sinks + window + 1)
+            chosen = (rank >= 0) & (rank < rounds)
+            best = tl.load(key_base + rank, mask=chosen, other=0)
+            row = tl.where(chosen, nb - 1 - (best & ((1 << INDEX_BITS) - 1)), row)
+        else:
+            for r in range(rounds):
+                best = tl.max(keys, axis=0)
+                block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
+                row = tl.where(slot == sinks + window + 1 + r, block, row)
+                keys = tl.where(keys == best, NO_KEY, keys)
     tl.store(Out + lane.to(tl.int64) * width + slot, row.to(tl.int32), mask=slot < width)
 
 
 def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
                       score: str, block_size: int, sinks: int, window: int, budget: int,
-                      update: tuple | None = None) -> torch.Tensor:
+                      update: tuple | None = None, ranking: str = "rounds") -> torch.Tensor:
     """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
     :func:`~topo_attn.selection.static_step.step_block_table`).
 
@@ -204,6 +214,8 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             <topo_attn.selection.static_step.StaticBlockStats.update>` of one key): ``cache`` the key cache
             ``[B, H_kv, S_max, D]``; ``centroids``, ``lo``, ``hi`` float32 ``[B, H_kv, nb, D]`` of one set of
             strides; ``salience`` ``[B, H_kv, nb]`` float32 or None (no kept salience).
+        ranking: how the budget is taken: ``"rounds"`` (``budget`` rounds of a maximum over the row) or
+            ``"sort"`` (the row sorted once, ``tl.sort``); the same blocks in the same order.
 
     Returns:
         int32 ``[B, H_kv, sinks + window + 1 + budget]``: per lane the sinks ``kb < min(sinks, qb - window)``,
@@ -229,6 +241,7 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
         SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
         HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
         UPDATE=update is not None, SALIENCE=salience is not None, BS_PAD=triton.next_power_of_2(block_size),
+        SORT=ranking == "sort",
         num_warps=4 if nb_pad <= 1024 else 8,
     )
     return out

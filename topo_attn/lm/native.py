@@ -1,0 +1,251 @@
+"""``python -m topo_attn.lm native``: native sparse training (issue 42, item 2). Does a model trained with the
+kit's sparse attention from the first step do as well as one trained dense, and does one trained with a
+query-blind topology selector learn to make the blocks it needs salient?
+
+At equal settings, steps and seed (so equal initial weights and equal batches), one byte-level model is trained
+per attention of ``--attentions`` (default :data:`DEFAULT_ATTENTIONS`: SDPA, then ``window``, ``quest``,
+``centroid``, ``topology`` and ``topology_22`` at ``--budget``, default n/8: an eighth of the context's blocks,
+16 extra blocks per query block at context 8192 with 64-token blocks) by :func:`topo_attn.lm.train.train`
+(``TrainSettings.attention``; its checkpoint in ``--models/<attention>/``; ``window`` adds no blocks: the sink
+and the one-block window only, the floor of the comparison). Each model is then scored on the
+held-out documents with the attention it was trained with, and the SDPA-trained model also with every other
+attention of the list applied after training; both through :func:`topo_attn.lm.study.quality_rows` (bits per
+byte by :func:`topo_attn.lm.evaluate.bits_per_byte`, the passkey probe by
+:func:`~topo_attn.lm.evaluate.passkey_scores`), on the same documents and probes.
+
+The JSON (``--out``, e.g. ``data/benchmarks/lm_native_<gpu>.json``; written after every model, ``complete``
+true at the end) holds, besides the GPU, versions, command and commit (:func:`topo_attn.provenance.code_version`)
+and the settings:
+
+- ``rows``, one per trained model: ``attention``, ``budget`` (extra blocks per query block; None for ``sdpa``
+  and ``dense``, 0 for ``window``), ``bits_per_byte`` (all held-out positions), ``bits_per_byte_by_position``
+  (per position bucket, :data:`topo_attn.lm.evaluate.BUCKETS`), ``visited_fraction`` (of the causal blocks, in
+  that evaluation), ``passkey`` (per distance: ``exact``, ``probes``, ``loss``), ``tokens_per_s`` (training
+  bytes per second of the training steps, validations between them left out; a token is a byte),
+  ``tokens_per_s_after_first_step`` (the same without the first step, which on a GPU compiles the kernels),
+  ``steps``, ``seconds`` (the training steps' wall time), ``run_seconds`` (the whole training run: corpus,
+  validations, probes, saving), ``train_visited_fraction`` and ``model`` (the checkpoint's folder);
+- ``after_training``, the SDPA-trained model with each other attention of the list (``trained_with``:
+  ``"sdpa"``): the same evaluation fields (empty, with a note, when ``sdpa`` is not among ``--attentions``).
+
+:func:`markdown` renders the comparison; :func:`topo_attn.lm.results.load_lm_native` reads the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .. import cli
+from ..provenance import ROOT, code_version
+from . import train as training
+from .corpus import parse_roots
+from .results import LM_NATIVE_SUITE
+
+PROG = "python -m topo_attn.lm native"
+DEFAULT_ATTENTIONS = ("sdpa", "window", "quest", "centroid", "topology", "topology_22")
+"""The attentions trained by default (issue 42's list; the kit's ``dense`` is left out: it equals SDPA to
+rounding, and ``--attentions`` can add it)."""
+DEFAULT_MODELS = ROOT / "data" / "lm_native"
+"""Where the checkpoints go by default (one folder per attention)."""
+ROW_FIELDS = ("attention", "budget", "bits_per_byte", "bits_per_byte_by_position", "visited_fraction", "passkey",
+              "tokens_per_s", "tokens_per_s_after_first_step", "steps", "seconds", "run_seconds",
+              "train_visited_fraction", "model")
+"""The fields of a ``rows`` entry."""
+AFTER_FIELDS = ("attention", "budget", "trained_with", "bits_per_byte", "bits_per_byte_by_position",
+                "visited_fraction", "passkey")
+"""The fields of an ``after_training`` entry."""
+NO_SDPA = "no after_training rows: 'sdpa' is not among --attentions, so no dense-trained model was trained"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="JSON file for the results (e.g. "
+                                                     "data/benchmarks/lm_native_h200.json)")
+    parser.add_argument("--models", default=str(DEFAULT_MODELS),
+                        help="folder for the checkpoints, one subfolder per attention (default: data/lm_native)")
+    parser.add_argument("--attentions", nargs="+", default=list(DEFAULT_ATTENTIONS), metavar="ATTENTION",
+                        help=f"the attentions to train with, each once, among {', '.join(training.ATTENTIONS)} "
+                             f"(default: {' '.join(DEFAULT_ATTENTIONS)})")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="extra key blocks per query block of the selectors that add blocks (default n/8: "
+                             "ceil(context / block size) // 8, 16 at context 8192 with 64-token blocks)")
+    training.add_arguments(parser, skip=("attention", "budget"))  # the training settings and the model's shape
+    parser.add_argument("--documents", type=int, default=16,
+                        help="held-out documents scored (at most --eval-documents)")
+    parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
+    parser.add_argument("--probe-seed", type=int, default=1, help="seed of the passkey probes")
+    parser.add_argument("--eval-batch", type=int, default=4, help="documents per forward in the evaluation")
+    parser.add_argument("--no-after-training", dest="after_training", action="store_false",
+                        help="skip the SDPA-trained model under the other attentions")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--root", action="append", default=None, metavar="KIND=PATH",
+                        help="a corpus root (repeatable; default: this Python's standard library and packages)")
+    parser.add_argument("--max-shard-size", default="100MB", help="largest weights file (e.g. 15MB)")
+    cli.add_progress_argument(parser)
+
+
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``python -m topo_attn.lm native``'s command line (``add_help=False``: as a parent parser)."""
+    return cli.command_parser(PROG, __doc__, add_arguments, add_help)
+
+
+def settings_for(args: argparse.Namespace, attention: str) -> training.TrainSettings:
+    """The training settings of ``attention``: those of ``args``, with ``--budget`` for a selector that adds
+    blocks (None, n/8, when not given) and None for the others."""
+    base = training.settings_from_args(args, attention=attention, budget=None)
+    return replace(base, budget=args.budget) if training.adds_blocks(attention) else base
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for values that would fail late (after a model was trained) or
+    unclearly: an attention outside :data:`~topo_attn.lm.train.ATTENTIONS` or given twice, a negative
+    ``--budget``, settings :func:`~topo_attn.lm.train.check_arguments` rejects, ``--documents`` beyond
+    ``--eval-documents``, a count below 1, an ``--out`` whose folder does not exist, a ``--models`` that is a
+    file, a bad ``--root``."""
+    unknown = [a for a in args.attentions if a not in training.ATTENTIONS]
+    if unknown:
+        raise cli.UsageError(f"argument --attentions: each must be one of {list(training.ATTENTIONS)}, got "
+                             f"{unknown}")
+    twice = sorted({a for a in args.attentions if args.attentions.count(a) > 1})
+    if twice:
+        raise cli.UsageError(f"argument --attentions: each attention once (one model each), got {twice} twice")
+    cli.check_at_least("--budget", args.budget, 0)
+    for attention in args.attentions:
+        training.check_arguments(args, settings_for(args, attention))
+    for option, value in (("--documents", args.documents), ("--probes", args.probes),
+                          ("--eval-batch", args.eval_batch)):
+        cli.check_at_least(option, value, 1)
+    if args.documents > args.eval_documents:
+        raise cli.UsageError(f"argument --documents: at most --eval-documents ({args.eval_documents}, the held-out "
+                             f"documents a training run keeps), got {args.documents}")
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise cli.UsageError(f"argument --out: expected a JSON file in an existing folder, got {args.out}")
+    if Path(args.models).exists() and not Path(args.models).is_dir():
+        raise cli.UsageError(f"argument --models: {args.models} is a file; expected a folder (created if missing)")
+    parse_roots(args.root)
+
+
+def _evaluation_args(args: argparse.Namespace) -> argparse.Namespace:
+    """What :func:`topo_attn.lm.study.quality_rows` reads: the rule's sizes, the probes, block granularity."""
+    return argparse.Namespace(probes=args.probes, seed=args.probe_seed, batch=args.eval_batch,
+                              block_size=args.block_size, sinks=args.sinks, window=args.window, dense_layers=[],
+                              strict=False, granularity="block", budgets=[], selectors=None)
+
+
+def _scored(perplexity: dict, retrieval: list[dict]) -> dict:
+    """A configuration's evaluation fields from its :func:`~topo_attn.lm.study.quality_rows` rows."""
+    bits = perplexity["bits_per_byte"]
+    passkey = [{k: r[k] for k in ("distance", "exact", "probes", "loss")} for r in retrieval
+               if (r["attention"], r["budget"]) == (perplexity["attention"], perplexity["budget"])]
+    return dict(attention=perplexity["attention"], budget=perplexity["budget"], bits_per_byte=bits["all"],
+                bits_per_byte_by_position={k: v for k, v in bits.items() if k != "all"},
+                visited_fraction=perplexity["visited_fraction"], passkey=passkey)
+
+
+def training_row(scored: dict, summary: dict, folder: Path) -> dict:
+    """A ``rows`` entry: the evaluation of ``scored`` (:func:`_scored`) and the speed of the training run whose
+    :func:`~topo_attn.lm.train.train` summary is ``summary``."""
+    steps, seen, seconds = summary["steps"], summary["bytes"], summary["train_seconds"]
+    later = seconds - summary["first_step_seconds"]
+    return dict(scored, tokens_per_s=seen / seconds,
+                tokens_per_s_after_first_step=seen * (steps - 1) / steps / later if steps > 1 and later > 0 else None,
+                steps=steps, seconds=seconds, run_seconds=summary["seconds"],
+                train_visited_fraction=summary["visited_fraction"], model=str(folder))
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
+    """Everything of the module docstring for parsed (and checked, :func:`check_args`) ``args``; the results as
+    a dict, also written to ``--out`` after every model."""
+    import torch
+
+    from . import study
+
+    device = args.device
+    dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    shape, roots, models = training.shape_from_args(args), parse_roots(args.root), Path(args.models)
+    evaluation = _evaluation_args(args)
+    budgets = {a: training.attention_budget(settings_for(args, a)) for a in args.attentions}
+    base = training.settings_from_args(args, attention="sdpa", budget=None)  # recorded less these two fields
+    result = dict(
+        suite=LM_NATIVE_SUITE, gpu=torch.cuda.get_device_name(device) if torch.device(device).type == "cuda"
+        else "cpu", torch=torch.__version__, triton=_version("triton"), transformers=_version("transformers"),
+        command=f"{PROG} " + " ".join(sys.argv[2:] if argv is None else argv),
+        date=datetime.date.today().isoformat(), **code_version(), complete=False,
+        attentions=list(args.attentions), budgets=budgets, block_size=args.block_size, sinks=args.sinks,
+        window=args.window, settings={k: v for k, v in asdict(base).items() if k not in ("attention", "budget")},
+        shape=asdict(shape), documents=args.documents, length=args.context, probes=args.probes,
+        dtype=str(dtype).removeprefix("torch."), device=device, rows=[], after_training=[], notes=[])
+    if args.after_training and "sdpa" not in args.attentions:
+        result["notes"].append(NO_SDPA)
+    started = time.perf_counter()
+    for attention in args.attentions:
+        folder = models / attention
+        summary = training.train(folder, settings_for(args, attention), shape, device=device, roots=roots,
+                                 progress=args.progress, max_shard_size=args.max_shard_size)
+        model = study.load_model(folder, device, dtype)
+        docs = study.load_documents(folder / "eval_set.npz", args.documents)
+        perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress,
+                                                   configs=[(attention, budgets[attention])])
+        result["rows"].append(training_row(_scored(perplexity[0], retrieval), summary, folder))
+        if attention == "sdpa" and args.after_training:
+            configs = [(a, budgets[a]) for a in args.attentions if a != "sdpa"]
+            perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress, configs=configs)
+            scored = [dict(_scored(p, retrieval), trained_with="sdpa") for p in perplexity]
+            result["after_training"] = [{k: r[k] for k in AFTER_FIELDS} for r in scored]
+        del model
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        result["seconds"] = time.perf_counter() - started
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    result["complete"] = True
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _version(module: str) -> str:
+    """The ``__version__`` of ``module`` (imported here)."""
+    import importlib
+
+    return importlib.import_module(module).__version__
+
+
+def markdown(result: dict) -> str:
+    """A Markdown table of a :func:`run` result: per trained attention its budget, visited fraction, bits per byte
+    (all and per position bucket) trained natively and, for the SDPA-trained model with that attention applied
+    after training, the same; training tokens per second, steps and seconds."""
+    after = {r["attention"]: r for r in result["after_training"]}
+    buckets = list(result["rows"][0]["bits_per_byte_by_position"]) if result["rows"] else []
+    head = ["attention", "budget", "visited", "bits/byte native", "after SDPA training",
+            *[f"native {b}" for b in buckets], "tokens/s", "steps", "seconds"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in result["rows"]:
+        other = after.get(row["attention"])
+        if row["attention"] == "sdpa":
+            other = row
+        cells = [row["attention"], "" if row["budget"] is None else str(row["budget"]),
+                 f"{row['visited_fraction']:.1%}", f"{row['bits_per_byte']:.3f}",
+                 "" if other is None else f"{other['bits_per_byte']:.3f}",
+                 *[f"{row['bits_per_byte_by_position'][b]:.3f}" for b in buckets],
+                 f"{row['tokens_per_s']:.0f}", str(row["steps"]), f"{row['seconds']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` without ``native``; ``sys.argv[2:]`` when None): train, score, write ``--out``
+    and print :func:`markdown`. Raises :class:`~topo_attn.cli.UsageError` for a bad value (:func:`check_args`)
+    before anything is trained."""
+    argv = sys.argv[2:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    result = run(args, argv)
+    print(markdown(result))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    return 0

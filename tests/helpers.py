@@ -154,6 +154,6 @@ def write_static_keys(buffer: torch.Tensor, keys: torch.Tensor, stats, start: in
     """Write keys ``start .. start + q_len - 1`` into the static cache ``buffer`` and update ``stats`` (a
     ``StaticBlockStats``) as a step would; returns the new length."""
     buffer[..., start:start + q_len, :] = keys[..., start:start + q_len, :]
-    stats.update(buffer, torch.tensor([start]), q_len)
+    stats.update(buffer, torch.tensor([start], device=buffer.device), q_len)
     return start + q_len
 

@@ -30,7 +30,7 @@ def _stats(keys: torch.Tensor, block_size: int = BS) -> StaticBlockStats:
     """float32 statistics of the whole static cache ``keys``, the kept salience too (both paths read the same
     buffers)."""
     stats = StaticBlockStats.for_cache(keys, block_size, salience=True)
-    return stats.update(keys, torch.tensor(0), keys.shape[2])
+    return stats.update(keys, torch.tensor(0, device=keys.device), keys.shape[2])
 
 
 def _budget_part(table: torch.Tensor, base: int) -> torch.Tensor:

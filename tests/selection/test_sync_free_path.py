@@ -94,7 +94,7 @@ def test_query_block_means_pool_the_group(length, offset):
 
 @pytest.mark.parametrize("batch, heads, kv_heads, seq, length, dim, block",
                          [(1, 4, 2, 200, 200, 32, 16), (2, 2, 2, 130, 130, 20, 32), (1, 4, 1, 300, 17, 64, 16)])
-def test_quest_kernel_matches_float64_bounds(batch, heads, kv_heads, seq, length, dim, block):
+def test_quest_kernel_matches_float64_bounds(batch, heads, kv_heads, seq, length, dim, block, device):
     from topo_attn.selection.quest_kernel import quest_block_scores
 
     gen = torch.Generator().manual_seed(seq)
@@ -102,7 +102,7 @@ def test_quest_kernel_matches_float64_bounds(batch, heads, kv_heads, seq, length
     k = torch.randn(batch, kv_heads, seq, dim, generator=gen)
     lo, hi = key_block_bounds(k, block, torch.float32)
     window = 1
-    out = quest_block_scores(q, lo, hi, block, window, seq - length)
+    out = quest_block_scores(q.to(device), lo.to(device), hi.to(device), block, window, seq - length).cpu()
     # float64 reference: every query's bound, the largest over the row's queries and the group's heads
     lo64, hi64 = (t.repeat_interleave(heads // kv_heads, 1) for t in key_block_bounds(k, block))
     bound = q.double().clamp(min=0) @ hi64.transpose(-1, -2) + q.double().clamp(max=0) @ lo64.transpose(-1, -2)

@@ -182,6 +182,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
 
     def timed(attention: str, cache_type, implementation: str, block_sizes=(), budget_blocks=None,
               selector=None) -> dict:
+        torch._dynamo.reset()  # each row compiles its own step (the rows' frames would reach the recompile limit)
         model.set_attn_implementation(implementation)
         cache = cache_type(model.config, max_cache_len=max_len)
         fill_static_cache(cache, model, batch, context)

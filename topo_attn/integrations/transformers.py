@@ -68,7 +68,6 @@ import torch
 
 from .._checks import check_int, check_kernel_block_size
 from ..attention import scheduled_attention
-from ..attention.static_decode import MERGE_MODES
 from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
@@ -253,6 +252,8 @@ def register(selector: str = "centroid", block_size: int = 64, sinks: int = 1, w
         raise TypeError(f"options must be a mapping of selector options or None, got {type(options).__name__}")
     if options and "scale" in options:
         raise ValueError("options must not hold 'scale': the oracle uses the model's softmax scale")
+    from ..attention.static_decode import MERGE_MODES  # (triton is imported on first use, not by a CLI's parser)
+
     if not isinstance(decode_merge, str):
         raise TypeError(f"decode_merge must be a str, one of {list(MERGE_MODES)}, got {type(decode_merge).__name__}")
     if decode_merge not in MERGE_MODES:

@@ -120,3 +120,48 @@ def test_bad_arguments_raise(device):
     with pytest.raises(TypeError, match="length"):
         decode_step_table("quest", q, buffer, stats, 9)
     assert torch.equal(stats.lo, torch.zeros_like(stats.lo))  # nothing was written
+
+
+def test_topology_keeps_its_rows_between_block_boundaries(device):
+    """With the kept-row buffers (StaticBlockStats.kept_table) the kernel gives, step by step, the rows it gives
+    without them, and does reuse: a salience changed by hand inside a block leaves the next step's row as it
+    was, and the row follows the change at the next boundary. A step that does not follow the last one (a jump,
+    or after update, which forgets the kept rows) computes its rows."""
+    sinks, window, budget = 1, 1, 3
+    buffer, keys = garbage_static_cache(1, 2, 96, 16, seed=12)
+    buffer, keys = buffer.to(device), keys.to(device)
+    q = torch.randn(1, 4, 1, 16, generator=torch.Generator().manual_seed(13)).to(device)
+    keeping, plain = (_prefilled(buffer.clone(), keys, 21, device) for _ in range(2))
+    kept, last = keeping.kept_table(sinks, window, budget)
+    assert (last == -1).all() and kept.shape == (1, 2, sinks + window + 1 + budget)
+    buffer[..., :21, :] = keys[..., :21, :]
+
+    def step(stats, n):
+        return decode_step_table("topology", q, buffer, stats, torch.tensor(n, device=device), sinks, window,
+                                 budget, fused=True)
+
+    for n in range(22, 60):
+        buffer[..., n - 1, :] = keys[..., n - 1, :]
+        assert torch.equal(step(keeping, n), step(plain, n)), f"length {n}"
+        assert (last == n).all() and torch.equal(kept, step(plain, n))
+    # inside block 7 (lengths 57 .. 64): a salience changed by hand (the chosen blocks' bars set to 0) is not
+    # looked at until the block completes
+    before = kept.clone()
+    chosen = before[..., sinks + window + 1:].long()
+    keeping.salience.scatter_(2, chosen, 0.0)
+    buffer[..., 59, :] = keys[..., 59, :]
+    assert torch.equal(step(keeping, 60), before)
+    length = torch.tensor(60, device=device)
+    assert not torch.equal(step_block_table("topology", q, keeping, length, sinks, window, budget, fused=True),
+                           before)  # what a computed row would have been
+    for n in range(61, 65):
+        buffer[..., n - 1, :] = keys[..., n - 1, :]
+        table = step(keeping, n)
+    length = torch.tensor(64, device=device)
+    assert torch.equal(table, step_block_table("topology", q, keeping, length, sinks, window, budget, fused=True))
+    assert not torch.equal(table, before)
+    # a jump, and an update, make the kernel compute
+    keeping.update(buffer, torch.tensor(0, device=device), 64)
+    assert (last == -1).all()
+    assert torch.equal(step(keeping, 64), step(plain, 64)) and (last == 64).all()
+    assert torch.equal(step(keeping, 70), step(plain, 70))

@@ -165,6 +165,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
 
     from ..integrations import transformers as tat
     from ..integrations.static_cache import TopoStaticCache
+    from ..integrations.transformers import STATIC_STATE_ATTRIBUTE
     from ..selection import SELECTORS
     from ..selection.static_step import STATIC_SELECTORS
 
@@ -187,6 +188,11 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
         cache = cache_type(model.config, max_cache_len=max_len)
         fill_static_cache(cache, model, batch, context)
         salience = selector is not None and SELECTORS[selector].topology_aware
+        if salience:  # what the prefill's attention would have made: the statistics, the buffers of kept rows
+            rewind(cache, context, block_sizes, salience)
+            for layer in cache.layers:
+                state = getattr(layer.keys, STATIC_STATE_ATTRIBUTE)
+                state.keep_rows(state.stats[bs], case.sinks, case.window, budget_blocks)
         one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup, salience)
         many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup, salience)
         logits = first_step_logits(model, cache, ids, context, block_sizes, salience)

@@ -75,6 +75,15 @@ class StaticLayerState:
         return found
 
 
+    def keep_rows(self, stats: StaticBlockStats, sinks: int, window: int, budget: int) -> None:
+        """Create (at an eager call, marked as static addresses) the buffers in which a query-blind selector's
+        one-launch step keeps its rows for this rule (:meth:`StaticBlockStats.kept_table`); nothing inside a
+        compiled region (the step then computes every row)."""
+        if not torch.compiler.is_compiling() and (sinks, window, budget) not in stats.kept_tables:
+            for buffer in stats.kept_table(sinks, window, budget):
+                torch._dynamo.mark_static_address(buffer)
+
+
 class TopoStaticCache(StaticCache):
     """A ``transformers.StaticCache`` (same arguments: ``config``, ``max_cache_len``, ...) whose layers carry a
     :class:`StaticLayerState` for the kit's attention backend (module docstring). With another backend it

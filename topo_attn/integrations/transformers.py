@@ -529,7 +529,7 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     The block statistics of a sparse layer are updated for the blocks this call writes, in every case."""
     from ..attention.decode import MAX_DECODE_QUERIES
     from ..attention.static_decode import static_decode
-    from ..selection.static_step import STATIC_SELECTORS, decode_step_table
+    from ..selection.static_step import FUSED_SCORES, STATIC_SELECTORS, decode_step_table
 
     if state is None:
         raise ValueError(f"attn_implementation {name!r} needs a TopoStaticCache "
@@ -541,8 +541,10 @@ def _static_cache_attention(name: str, module: torch.nn.Module, state, query: to
     stats = None
     if not dense and settings.selector in STATIC_SELECTORS:
         stats = state.block_stats(key, settings.block_size, salience=SELECTORS[settings.selector].topology_aware)
-        if q_len > 1:
+        if q_len > 1:  # an eager call (the prefill, a chunk)
             stats.update(key, state.length - q_len, q_len)
+            if FUSED_SCORES.get(settings.selector) == "salience":  # a query-blind row: kept between steps
+                state.keep_rows(stats, settings.sinks, settings.window, settings.budget)
     if (dense and q_len <= MAX_DECODE_QUERIES) or (stats is not None and q_len == 1):
         table = None if dense else decode_step_table(settings.selector, query, key, stats, state.length,
                                                      settings.sinks, settings.window, settings.budget)

@@ -88,6 +88,25 @@ class StaticBlockStats:
         shape = (batch, kv_heads, num_blocks(self.max_len, self.block_size), head_dim)
         self.centroids, self.lo, self.hi = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(3))
         self.salience = torch.zeros(shape[:-1], dtype=dtype, device=device) if salience else None
+        self.kept_tables: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def kept_table(self, sinks: int, window: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers in which :func:`decode_step_table`'s kernel keeps ``topology``'s rows for this rule
+        between steps (created at the first call; create them outside a captured graph): ``(kept, last)``, int32
+        ``[B, H_kv, sinks + window + 1 + budget]`` and int64 ``[B, H_kv]``, ``last = -1`` (no row kept). A
+        query-blind row changes only when the query's block changes or a block completes, so the kernel reuses
+        a lane's row at the next length and recomputes it otherwise; :meth:`update` and
+        :meth:`rebuild_salience` set ``last = -1``."""
+        key = (check_int("sinks", sinks), check_int("window", window), check_int("budget", budget))
+        if key not in self.kept_tables:
+            lanes, device = tuple(self.lo.shape[:2]), self.lo.device
+            self.kept_tables[key] = (torch.full((*lanes, sum(key) + 1), -1, dtype=torch.int32, device=device),
+                                     torch.full(lanes, -1, dtype=torch.int64, device=device))
+        return self.kept_tables[key]
+
+    def _forget_kept_tables(self) -> None:
+        for _, last in self.kept_tables.values():
+            last.fill_(-1)
 
     @classmethod
     def for_cache(cls, keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float32,
@@ -150,6 +169,7 @@ class StaticBlockStats:
             buffer.index_copy_(2, blocks, value.masked_fill(empty, 0))
         if self.salience is not None:  # every touched block ends at or after start: complete means completed now
             update_kept_salience(self.salience, self.centroids, blocks, count == bs)
+        self._forget_kept_tables()
         return self
 
     def rebuild_salience(self, length: torch.Tensor) -> StaticBlockStats:
@@ -177,6 +197,7 @@ class StaticBlockStats:
         for first in range(0, self.num_blocks, REBUILD_GROUP):  # groups in order: as one block after the other
             blocks = torch.arange(first, min(first + REBUILD_GROUP, self.num_blocks), device=device)
             update_kept_salience(self.salience, self.centroids, blocks, (blocks + 1) * bs <= length)
+        self._forget_kept_tables()
         return self
 
     def _check_update(self, keys: object, start: object, q_len: object) -> int:
@@ -290,7 +311,9 @@ def decode_step_table(selector: str, q: torch.Tensor, keys: torch.Tensor, stats:
     path (``fused``), the result and the errors are those of :func:`step_block_table`; ``keys`` is the whole
     static key cache ``[B, H_kv, S_max, D]`` holding the step's key at ``length - 1``, as :meth:`~StaticBlockStats.update`
     takes it. Statistics and tables equal the two calls' up to float32 rounding of the sums (the kernel sums a
-    block's keys and distances in its own order)."""
+    block's keys and distances in its own order). For ``topology``, when ``stats`` holds buffers for this rule
+    (:meth:`StaticBlockStats.kept_table`), the kernel reuses each lane's row from the previous length until the
+    query's block changes or a block completes: the same rows, no ranking on most steps."""
     chooser = get(selector, "step", static_step=True)
     _check_step(q, stats, length)
     stats._check_update(keys, length, 1)
@@ -304,8 +327,11 @@ def decode_step_table(selector: str, q: torch.Tensor, keys: torch.Tensor, stats:
     if kernel:
         from .static_step_kernel import static_step_update_table_op  # triton is imported on first use
 
+        score = FUSED_SCORES[selector]
+        kept = stats.kept_tables.get((sinks, window, budget)) if score == "salience" else None
+        kept, last = kept if kept is not None else (None, None)
         return static_step_update_table_op(q, keys.detach(), stats.centroids, stats.lo, stats.hi, stats.salience,
-                                           length, FUSED_SCORES[selector], stats.block_size, sinks, window, budget)
+                                           kept, last, length, score, stats.block_size, sinks, window, budget)
     stats.update(keys, length.reshape(()) - 1, 1)
     return step_block_table(selector, q, stats, length, sinks, window, budget, fused)
 

@@ -105,13 +105,14 @@ def _step_table_kernel(
     stride_qb, stride_qh, stride_qd,
     stride_sb, stride_sh, stride_sn, stride_sd,
     head_dim,
-    Cache, Centroids, Lo, Hi, Salience,
+    Cache, Centroids, Lo, Hi, Salience, Kept, Last,
     stride_cb, stride_ch, stride_cs, stride_cd,
     stride_tb, stride_th, stride_tn, stride_td,
     stride_ab, stride_ah, stride_an,
     SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
     UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr, SORT: tl.constexpr,
+    REUSE: tl.constexpr,
 ):
     """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
 
@@ -121,7 +122,8 @@ def _step_table_kernel(
     integer, the valid keys. ``Keys``: int64 workspace ``[B * H_kv, nb]``. ``Out``: int32 ``[B * H_kv, width]``,
     contiguous. With ``UPDATE``, first :func:`_update_block` from the key cache ``Cache [B, H_kv, S_max, D]``
     into the statistics ``Centroids``, ``Lo``, ``Hi`` (float32, one set of strides) and, with ``SALIENCE``,
-    ``Salience [B, H_kv, nb]``; unread otherwise."""
+    ``Salience [B, H_kv, nb]``; unread otherwise. With ``REUSE``, ``Kept`` int32 ``[B * H_kv, width]`` and
+    ``Last`` int64 ``[B * H_kv]``: each lane's last row and the length it was made for."""
     lane = tl.program_id(0)
     batch = lane // kv_heads
     kv_head = lane % kv_heads
@@ -139,66 +141,80 @@ def _step_table_kernel(
     window_block = qb - window + (slot - sinks)
     row = tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
                    tl.where((slot < sinks + window + 1) & (window_block >= 0), window_block, -1))
+    # -- a kept row (Kept, Last) is reused when nothing it depends on changed since the lane's last step: the
+    #    previous step was length - 1, the query's block is the same, and no block completed (the kept
+    #    salience changes only then); else the row is computed and kept
+    compute = True
+    if REUSE:
+        last = tl.load(Last + lane)
+        compute = (last != length - 1) | (length % block_size == 0) | ((length - 1) % block_size == 0)
     if SCORE != "none":
-        # -- every candidate's order key to the workspace, BLOCK_N blocks at a time
-        d = tl.arange(0, HEAD_DIM)
-        q_base = Q + batch.to(tl.int64) * stride_qb + (kv_head * GROUP).to(tl.int64) * stride_qh
-        stat_base = batch.to(tl.int64) * stride_sb + kv_head.to(tl.int64) * stride_sh
-        key_base = Keys + lane.to(tl.int64) * nb
-        for start in range(sinks, end, BLOCK_N):
-            kb = start + tl.arange(0, BLOCK_N)
-            at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
-            inside = (kb[:, None] < end) & (d[None, :] < head_dim)
-            if SCORE == "salience":  # the kept salience is the score
-                score = tl.load(First + stat_base + kb.to(tl.int64) * stride_sn, mask=kb < end, other=0.0)
-            elif SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
-                first = tl.load(First + at, mask=inside, other=0.0)
-                second = tl.load(Second + at, mask=inside, other=0.0)
-                score = tl.full([BLOCK_N], float("-inf"), tl.float32)
-                for g in range(GROUP):
-                    q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
-                    q = q.to(tl.float32)
-                    bound = (tl.sum(tl.maximum(q, 0.0)[None, :] * first, axis=1)
-                             + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
-                    score = tl.maximum(score, bound)
-            else:  # centroid: the group's mean query . the centroid in First
-                first = tl.load(First + at, mask=inside, other=0.0)
-                total = tl.zeros([HEAD_DIM], tl.float32)
-                for g in range(GROUP):
-                    q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
-                    total += q.to(tl.float32)
-                score = tl.sum((total / GROUP)[None, :] * first, axis=1)
-            # order key: float order as signed int order (-0.0 is 0.0), above the reversed block index
-            bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
-            ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-            key = (ordered << INDEX_BITS) + (nb - 1 - kb)
-            tl.store(key_base + kb, key, mask=kb < end)
-        tl.debug_barrier()  # the row is read back by other threads of the program
-        # -- the budget: `take` rounds of the largest key (each key is unique: its index breaks ties)
-        kb = tl.arange(0, NB_PAD)
-        keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
-        rounds = tl.minimum(take, tl.maximum(end - sinks, 0))
-        if SORT:  # the row sorted, largest first, back to the workspace; its first `rounds` keys fill the slots
-            ranked = tl.sort(keys, descending=True)
-            tl.debug_barrier()  # every thread has read the row before it is overwritten
-            tl.store(key_base + kb, ranked, mask=kb < nb)
-            tl.debug_barrier()
-            rank = slot - (sinks + window + 1)
-            chosen = (rank >= 0) & (rank < rounds)
-            best = tl.load(key_base + rank, mask=chosen, other=0)
-            row = tl.where(chosen, nb - 1 - (best & ((1 << INDEX_BITS) - 1)), row)
-        else:
-            for r in range(rounds):
-                best = tl.max(keys, axis=0)
-                block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
-                row = tl.where(slot == sinks + window + 1 + r, block, row)
-                keys = tl.where(keys == best, NO_KEY, keys)
+        if compute:
+            # -- every candidate's order key to the workspace, BLOCK_N blocks at a time
+            d = tl.arange(0, HEAD_DIM)
+            q_base = Q + batch.to(tl.int64) * stride_qb + (kv_head * GROUP).to(tl.int64) * stride_qh
+            stat_base = batch.to(tl.int64) * stride_sb + kv_head.to(tl.int64) * stride_sh
+            key_base = Keys + lane.to(tl.int64) * nb
+            for start in range(sinks, end, BLOCK_N):
+                kb = start + tl.arange(0, BLOCK_N)
+                at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
+                inside = (kb[:, None] < end) & (d[None, :] < head_dim)
+                if SCORE == "salience":  # the kept salience is the score
+                    score = tl.load(First + stat_base + kb.to(tl.int64) * stride_sn, mask=kb < end, other=0.0)
+                elif SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
+                    first = tl.load(First + at, mask=inside, other=0.0)
+                    second = tl.load(Second + at, mask=inside, other=0.0)
+                    score = tl.full([BLOCK_N], float("-inf"), tl.float32)
+                    for g in range(GROUP):
+                        q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
+                        q = q.to(tl.float32)
+                        bound = (tl.sum(tl.maximum(q, 0.0)[None, :] * first, axis=1)
+                                 + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
+                        score = tl.maximum(score, bound)
+                else:  # centroid: the group's mean query . the centroid in First
+                    first = tl.load(First + at, mask=inside, other=0.0)
+                    total = tl.zeros([HEAD_DIM], tl.float32)
+                    for g in range(GROUP):
+                        q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
+                        total += q.to(tl.float32)
+                    score = tl.sum((total / GROUP)[None, :] * first, axis=1)
+                # order key: float order as signed int order (-0.0 is 0.0), above the reversed block index
+                bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+                ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+                key = (ordered << INDEX_BITS) + (nb - 1 - kb)
+                tl.store(key_base + kb, key, mask=kb < end)
+            tl.debug_barrier()  # the row is read back by other threads of the program
+            # -- the budget: `take` rounds of the largest key (each key is unique: its index breaks ties)
+            kb = tl.arange(0, NB_PAD)
+            keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
+            rounds = tl.minimum(take, tl.maximum(end - sinks, 0))
+            if SORT:  # the row sorted, largest first, back to the workspace; its first `rounds` keys fill the slots
+                ranked = tl.sort(keys, descending=True)
+                tl.debug_barrier()  # every thread has read the row before it is overwritten
+                tl.store(key_base + kb, ranked, mask=kb < nb)
+                tl.debug_barrier()
+                rank = slot - (sinks + window + 1)
+                chosen = (rank >= 0) & (rank < rounds)
+                best = tl.load(key_base + rank, mask=chosen, other=0)
+                row = tl.where(chosen, nb - 1 - (best & ((1 << INDEX_BITS) - 1)), row)
+            else:
+                for r in range(rounds):
+                    best = tl.max(keys, axis=0)
+                    block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
+                    row = tl.where(slot == sinks + window + 1 + r, block, row)
+                    keys = tl.where(keys == best, NO_KEY, keys)
+    if REUSE:
+        kept = tl.load(Kept + lane.to(tl.int64) * width + slot, mask=slot < width, other=-1)
+        row = tl.where(compute, row, kept)
+        tl.store(Kept + lane.to(tl.int64) * width + slot, row.to(tl.int32), mask=slot < width)
+        tl.store(Last + lane, length)
     tl.store(Out + lane.to(tl.int64) * width + slot, row.to(tl.int32), mask=slot < width)
 
 
 def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
                       score: str, block_size: int, sinks: int, window: int, budget: int,
-                      update: tuple | None = None, ranking: str = "rounds") -> torch.Tensor:
+                      update: tuple | None = None, ranking: str = "rounds",
+                      keep: tuple | None = None) -> torch.Tensor:
     """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
     :func:`~topo_attn.selection.static_step.step_block_table`).
 
@@ -214,6 +230,11 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             <topo_attn.selection.static_step.StaticBlockStats.update>` of one key): ``cache`` the key cache
             ``[B, H_kv, S_max, D]``; ``centroids``, ``lo``, ``hi`` float32 ``[B, H_kv, nb, D]`` of one set of
             strides; ``salience`` ``[B, H_kv, nb]`` float32 or None (no kept salience).
+        keep: None, or ``(kept, last)``, int32 ``[B, H_kv, width]`` and int64 ``[B, H_kv]`` buffers kept
+            between steps: a lane's row is taken from ``kept`` when ``last`` holds ``length - 1``, the query's
+            block is unchanged and no block completes at this step (for a query-blind score, ``salience`` or
+            ``none``, whose rows change only then), else computed; either way written to ``kept`` with ``last =
+            length``. ``last = -1`` forces the computation (after any other change to the statistics).
         ranking: how the budget is taken: ``"rounds"`` (``budget`` rounds of a maximum over the row) or
             ``"sort"`` (the row sorted once, ``tl.sort``); the same blocks in the same order.
 
@@ -231,17 +252,18 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     head_dim = triton.next_power_of_2(dim)
     cache, centroids, lo, hi, salience = update if update is not None else (first,) * 4 + (None,)
     bars = salience if salience is not None else first[..., 0]
+    kept, last = keep if keep is not None else (out, length)
     _step_table_kernel[(batch * kv_heads,)](
         q, first, second, length, keys, out,
         nb, kv_heads, block_size, sinks, window, min(budget, nb), width,
         q.stride(0), q.stride(1), q.stride(3), *first.stride(),
         dim,
-        cache, centroids, lo, hi, bars,
+        cache, centroids, lo, hi, bars, kept, last,
         *cache.stride(), *centroids.stride(), *bars.stride(),
         SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
         HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
         UPDATE=update is not None, SALIENCE=salience is not None, BS_PAD=triton.next_power_of_2(block_size),
-        SORT=ranking == "sort",
+        SORT=ranking == "sort", REUSE=keep is not None,
         num_warps=4 if nb_pad <= 1024 else 8,
     )
     return out
@@ -259,24 +281,28 @@ def static_step_table_fake(q, first, second, length, score, block_size, sinks, w
     return q.new_empty((q.shape[0], first.shape[1], sinks + window + 1 + budget), dtype=torch.int32)
 
 
-@torch.library.custom_op("topo_attn::static_step_update_table", mutates_args=("centroids", "lo", "hi", "salience"))
+@torch.library.custom_op("topo_attn::static_step_update_table",
+                         mutates_args=("centroids", "lo", "hi", "salience", "kept", "last"))
 def static_step_update_table_op(q: torch.Tensor, cache: torch.Tensor, centroids: torch.Tensor, lo: torch.Tensor,
-                                hi: torch.Tensor, salience: torch.Tensor | None, length: torch.Tensor, score: str,
+                                hi: torch.Tensor, salience: torch.Tensor | None, kept: torch.Tensor | None,
+                                last: torch.Tensor | None, length: torch.Tensor, score: str,
                                 block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
     """The custom op ``torch.ops.topo_attn.static_step_update_table``: :func:`static_step_table` with the
     statistics' update of the step's key in the same launch (``update=(cache, centroids, lo, hi, salience)``;
-    the scores read ``hi, lo``, the centroids twice, or the salience as ``score`` says). Writes ``centroids``,
-    ``lo``, ``hi`` and ``salience`` in place; trusts its inputs."""
+    the scores read ``hi, lo``, the centroids twice, or the salience as ``score`` says), reusing the rows kept in
+    ``kept``, ``last`` when given (``keep``). Writes ``centroids``, ``lo``, ``hi``, ``salience``, ``kept`` and
+    ``last`` in place; trusts its inputs."""
     first, second = centroids, centroids
     if score == "quest":
         first, second = hi, lo
     elif score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
         first = second = salience[..., None]
     return static_step_table(q, first, second, length, score, block_size, sinks, window, budget,
-                             update=(cache, centroids, lo, hi, salience))
+                             update=(cache, centroids, lo, hi, salience),
+                             keep=None if kept is None else (kept, last))
 
 
 @static_step_update_table_op.register_fake
-def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, length, score, block_size, sinks, window,
-                                  budget):
+def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, kept, last, length, score, block_size,
+                                  sinks, window, budget):
     return q.new_empty((q.shape[0], centroids.shape[1], sinks + window + 1 + budget), dtype=torch.int32)

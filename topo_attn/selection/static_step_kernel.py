@@ -16,6 +16,17 @@ launches, more than the attention they choose for at short caches. Here one prog
 4. write ``[sinks + window + 1 + budget]`` int32: the sinks below the window, the window and ``qb``, then the
    chosen blocks best first, ``-1`` in empty slots.
 
+At a one-token step (``update``, :func:`~topo_attn.selection.static_step.decode_step_table`) the program first
+writes the statistics of the block the new key went into (and, when the key completes it, ``topology``'s kept
+salience), so the step's whole selection is one launch. A query-blind row (``salience``) can be kept between
+steps (``keep``): it changes only when the query's block changes or a block completes, so on the other steps the
+program copies its kept row and ranks nothing.
+
+Measured on an H100 (B1 and B8, 32k keys, 8 key/value heads, D = 64, budget 32, one launch timed in a CUDA
+graph; ``topo_attn/selection/NOTES.md``): the update and table take 21 us (``quest``), 16 us (``centroid``),
+13 us (``topology``; 18 us when a block completes), 4 us for a kept row; the ``budget`` rounds of a maximum
+dominate, and one ``tl.sort`` of the row instead was slower (27, 22, 19 us).
+
 Every launch parameter follows from shapes (``nb_max``, ``D``, the group, the row width); the length and the
 candidates' count stay on the device, so one captured graph serves every step. The op
 ``torch.ops.topo_attn.static_step_table`` (:func:`static_step_table_op`, with a fake implementation) lets
@@ -111,8 +122,7 @@ def _step_table_kernel(
     stride_ab, stride_ah, stride_an,
     SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, NB_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
-    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr, SORT: tl.constexpr,
-    REUSE: tl.constexpr,
+    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr, REUSE: tl.constexpr,
 ):
     """Grid ``(B * H_kv,)``: the table row of lane ``(b, kv_head)``.
 
@@ -188,21 +198,11 @@ def _step_table_kernel(
             kb = tl.arange(0, NB_PAD)
             keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
             rounds = tl.minimum(take, tl.maximum(end - sinks, 0))
-            if SORT:  # the row sorted, largest first, back to the workspace; its first `rounds` keys fill the slots
-                ranked = tl.sort(keys, descending=True)
-                tl.debug_barrier()  # every thread has read the row before it is overwritten
-                tl.store(key_base + kb, ranked, mask=kb < nb)
-                tl.debug_barrier()
-                rank = slot - (sinks + window + 1)
-                chosen = (rank >= 0) & (rank < rounds)
-                best = tl.load(key_base + rank, mask=chosen, other=0)
-                row = tl.where(chosen, nb - 1 - (best & ((1 << INDEX_BITS) - 1)), row)
-            else:
-                for r in range(rounds):
-                    best = tl.max(keys, axis=0)
-                    block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
-                    row = tl.where(slot == sinks + window + 1 + r, block, row)
-                    keys = tl.where(keys == best, NO_KEY, keys)
+            for r in range(rounds):
+                best = tl.max(keys, axis=0)
+                block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
+                row = tl.where(slot == sinks + window + 1 + r, block, row)
+                keys = tl.where(keys == best, NO_KEY, keys)
     if REUSE:
         kept = tl.load(Kept + lane.to(tl.int64) * width + slot, mask=slot < width, other=-1)
         row = tl.where(compute, row, kept)
@@ -213,8 +213,7 @@ def _step_table_kernel(
 
 def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
                       score: str, block_size: int, sinks: int, window: int, budget: int,
-                      update: tuple | None = None, ranking: str = "rounds",
-                      keep: tuple | None = None) -> torch.Tensor:
+                      update: tuple | None = None, keep: tuple | None = None) -> torch.Tensor:
     """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
     :func:`~topo_attn.selection.static_step.step_block_table`).
 
@@ -235,8 +234,6 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             block is unchanged and no block completes at this step (for a query-blind score, ``salience`` or
             ``none``, whose rows change only then), else computed; either way written to ``kept`` with ``last =
             length``. ``last = -1`` forces the computation (after any other change to the statistics).
-        ranking: how the budget is taken: ``"rounds"`` (``budget`` rounds of a maximum over the row) or
-            ``"sort"`` (the row sorted once, ``tl.sort``); the same blocks in the same order.
 
     Returns:
         int32 ``[B, H_kv, sinks + window + 1 + budget]``: per lane the sinks ``kb < min(sinks, qb - window)``,
@@ -263,7 +260,7 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
         SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
         HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
         UPDATE=update is not None, SALIENCE=salience is not None, BS_PAD=triton.next_power_of_2(block_size),
-        SORT=ranking == "sort", REUSE=keep is not None,
+        REUSE=keep is not None,
         num_warps=4 if nb_pad <= 1024 else 8,
     )
     return out

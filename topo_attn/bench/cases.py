@@ -69,3 +69,7 @@ SUITES: dict[str, list[Case]] = {
                  for B in (1, 8) for S in (32768, 131072)],
 }
 """Suite name -> its cases, in the order they run."""
+
+# one layer's decode step over a static cache: each selector's update and table next to the decode it serves
+# (topo_attn.bench.step), the generate suite's cases
+SUITES["step"] = list(SUITES["generate"])

@@ -1,17 +1,18 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode|generate``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode|generate|step``.
 
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
 ``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, ``decode`` (one query token
 against a 32k / 128k key/value cache, the kit's decode path against SDPA and FlexAttention, with the HBM
 bandwidth reached and the suite's goals), ``generate`` (time per token of greedy ``generate()`` with a static
-cache and the compiled step, against transformers' own recipe), with a progress bar on stderr naming the case that runs when stderr
-is a terminal (``--progress`` / ``--no-progress`` force it on or off; ``--no-flex`` leaves FlexAttention out of
-``llm``, ``train``, ``model`` and ``decode``). Prints the suite's markdown table on stdout and writes JSON (the
-GPU, the torch and triton versions, the exact command, the date, the commit of the code with whether
-``topo_attn/`` had uncommitted changes (:func:`~topo_attn.provenance.code_version`), the optional note, the
-rows of every case (one per case, or one per implementation in ``model`` and per timed path in ``decode``) and
-the table) to ``--out`` or
-``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
+cache and the compiled step, against transformers' own recipe), ``step`` (one layer's decode step over a static
+cache: each selector's one-launch update and table, as CUDA-graph replays, next to the decode it serves), with a
+progress bar on stderr naming the case that runs when stderr is a terminal (``--progress`` / ``--no-progress``
+force it on or off; ``--no-flex`` leaves FlexAttention out of ``llm``, ``train``, ``model`` and ``decode``).
+Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch and triton versions, the exact
+command, the date, the commit of the code with whether ``topo_attn/`` had uncommitted changes
+(:func:`~topo_attn.provenance.code_version`), the optional note, the rows of every case (one per case, or one per
+implementation in ``model``, per timed path in ``decode`` and per selector in ``step``) and the table) to
+``--out`` or ``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .kernel import kernel_markdown, run_kernel_case
 from .model import model_markdown, run_model_case
 from .results import RESULTS_DIR
 from .select import run_select_case, select_markdown
+from .step import run_step_case, step_markdown
 from .timing import graph_median_ms, median_ms
 from .train import run_train_case, train_markdown
 
@@ -115,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex)
         elif args.suite == "generate":
             found = run_generate_case(case)
+        elif args.suite == "step":
+            found = run_step_case(case, graph_median_ms)
         elif args.suite == "decode":
             timer = graph_median_ms if args.timer == "graph" else median_ms
             found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
-              "decode": decode_markdown, "generate": generate_markdown}
+              "decode": decode_markdown, "generate": generate_markdown, "step": step_markdown}
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()

@@ -157,3 +157,21 @@ def write_static_keys(buffer: torch.Tensor, keys: torch.Tensor, stats, start: in
     stats.update(buffer, torch.tensor([start], device=buffer.device), q_len)
     return start + q_len
 
+
+def _identifier(rng: np.random.Generator) -> str:
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    return "".join(rng.choice(letters, int(rng.integers(3, 10))))
+
+
+def write_corpus(root, count: int, seed: int = 0) -> None:
+    """``count`` Python-like files (functions and assignments with random identifiers) in a few folders."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        lines = [f'"""Module {i}."""', "import os", ""]
+        for _ in range(int(rng.integers(2, 6))):
+            name, arg = _identifier(rng), _identifier(rng)
+            lines += [f"def {name}({arg}):", f"    {_identifier(rng)} = {arg} + {int(rng.integers(1000))}",
+                      f"    return {_identifier(rng)}({arg})", ""]
+        path = root / f"pkg{i % 5}" / f"mod_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines))

@@ -19,6 +19,7 @@ import types
 import numpy as np
 import pytest
 import torch
+from helpers import write_corpus
 
 from topo_attn import cli
 from topo_attn.lm import native, train
@@ -40,17 +41,6 @@ SETTINGS = TrainSettings(context=256, batch=2, steps=2, stop_after=None, warmup=
                          log_every=1, seed=0, block_size=32)
 BLOCKS = 8
 BEFORE = "35eaaf8"  # the last commit that changed topo_attn/lm/train.py before native training
-
-
-def write_corpus(root, count: int) -> None:
-    """``count`` small Python files in a few folders (enough held-out bytes for two documents of 256)."""
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        names = ["".join(rng.choice(list("abcdefghij"), 6)) for _ in range(6)]
-        lines = [f'"""Module {i}."""', ""] + [f"def {n}(x):\n    return x + {int(rng.integers(999))}\n" for n in names]
-        path = root / f"pkg{i % 5}" / f"mod_{i}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from helpers import write_corpus
 
 from topo_attn.lm import corpus, train
 from topo_attn.lm.evaluate import bits_per_byte, token_losses
@@ -27,25 +28,6 @@ SHAPE = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, interm
 # would be empty
 SETTINGS = TrainSettings(context=256, batch=2, steps=3, warmup=1, eval_every=2, eval_documents=2, log_every=1,
                          seed=0)
-
-
-def identifier(rng: np.random.Generator) -> str:
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    return "".join(rng.choice(letters, int(rng.integers(3, 10))))
-
-
-def write_corpus(root, count: int, seed: int = 0) -> None:
-    """``count`` Python-like files (functions and assignments with random identifiers) in a few folders."""
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        lines = [f'"""Module {i}."""', "import os", ""]
-        for _ in range(int(rng.integers(2, 6))):
-            name, arg = identifier(rng), identifier(rng)
-            lines += [f"def {name}({arg}):", f"    {identifier(rng)} = {arg} + {int(rng.integers(1000))}",
-                      f"    return {identifier(rng)}({arg})", ""]
-        path = root / f"pkg{i % 5}" / f"mod_{i}.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines))
 
 
 @pytest.fixture(scope="module")

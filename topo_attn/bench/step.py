@@ -6,7 +6,7 @@ in the case's dtype, one query per sequence, and the cache's
 :class:`~topo_attn.selection.static_step.StaticBlockStats` (with the kept salience) built once over the
 ``seq_len`` context tokens (``update`` from position 0, then ``rebuild_salience``). Then, per selector of
 :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` but ``window``, at a budget of ``budget_tokens`` (in
-blocks of the case's size), one sink and one window block, each call timed by the ``timer`` handed in (the runner
+blocks of the case's size), the case's sinks and window (one block each), each call timed by the ``timer`` handed in (the runner
 passes :func:`~topo_attn.bench.timing.graph_median_ms`, a CUDA-graph replay):
 
 - ``update_table_us``: :func:`~topo_attn.selection.static_step.decode_step_table` (``fused=True``, one launch) at
@@ -31,10 +31,9 @@ from collections.abc import Callable
 import torch
 
 from .cases import Case
+from .generate import BUDGET_TOKENS
 from .table import markdown_header
 
-BUDGET_TOKENS = 2048
-SINKS, WINDOW = 1, 1
 STEP_COLUMNS = ["case", "selector", "budget tokens", "update + table us", "completing us", "kept us", "fill us",
                 "decode us", "dense decode us", "selection share"]
 
@@ -70,7 +69,7 @@ def run_step_case(case: Case, timer: Callable[[Callable[[], object]], float], de
     inside, completing = (torch.tensor(n, device=device) for n in (inside_len, completing_len))
 
     def step(selector: str, length: torch.Tensor) -> Callable[[], torch.Tensor]:
-        return lambda: decode_step_table(selector, q, keys, stats, length, SINKS, WINDOW, budget, fused=True)
+        return lambda: decode_step_table(selector, q, keys, stats, length, case.sinks, case.window, budget, fused=True)
 
     def us(fn: Callable[[], object]) -> float:
         return timer(fn) * 1e3
@@ -87,7 +86,7 @@ def run_step_case(case: Case, timer: Callable[[Callable[[], object]], float], de
         row = dict(case=case.name, batch=case.batch, context=S, selector=selector, budget_tokens=budget * bs,
                    update_table_us=us(step(selector, inside)), completing_us=us(step(selector, completing)))
         if selector == "topology":
-            _, last = stats.kept_table(SINKS, WINDOW, budget)
+            _, last = stats.kept_table(case.sinks, case.window, budget)
             step(selector, inside)()  # keep the rows at this length (last = length, refilled below)
             fill = lambda: last.fill_(inside_len - 1)  # noqa: E731
             kept_step = step(selector, inside)
@@ -97,7 +96,7 @@ def run_step_case(case: Case, timer: Callable[[Callable[[], object]], float], de
                 return kept_step()
 
             row.update(kept_us=us(kept_call), fill_us=us(fill))
-            stats.kept_tables.pop((SINKS, WINDOW, budget))  # the other selectors' calls as before
+            stats.kept_tables.pop((case.sinks, case.window, budget))  # the other selectors' calls as before
         row["decode_us"] = us(lambda: static_decode(q, keys, values, inside, table, bs))
         row["dense_decode_us"] = dense_us
         row["selection_share"] = row["update_table_us"] / (row["update_table_us"] + row["decode_us"])

@@ -6,8 +6,8 @@ in the case's dtype, one query per sequence, and the cache's
 :class:`~topo_attn.selection.static_step.StaticBlockStats` (with the kept salience) built once over the
 ``seq_len`` context tokens (``update`` from position 0, then ``rebuild_salience``). Then, per selector of
 :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` but ``window``, at a budget of ``budget_tokens`` (in
-blocks of the case's size), the case's sinks and window (one block each), each call timed by the ``timer`` handed in (the runner
-passes :func:`~topo_attn.bench.timing.graph_median_ms`, a CUDA-graph replay):
+blocks of the case's size), the case's sinks and window (one block each), each call timed by the ``timer``
+handed in (the runner passes :func:`~topo_attn.bench.timing.graph_median_ms`, a CUDA-graph replay):
 
 - ``update_table_us``: :func:`~topo_attn.selection.static_step.decode_step_table` (``fused=True``, one launch) at
   the length ``seq_len + block_size // 2``, inside a block (no block completes);

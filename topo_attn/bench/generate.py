@@ -242,7 +242,8 @@ def generate_markdown(rows: list[dict]) -> str:
     for r in rows:
         match = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
         lines.append(f"| {r['case']} | {r['attention']} | {r['budget_tokens'] or ''} | {r['ms_per_token']:.2f} | "
-                     f"{r['attention_ms']:.2f} | {r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | {r['vs_floor']:.1f}x | {match} | "
+                     f"{r['attention_ms']:.2f} | {r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | "
+                     f"{r['vs_floor']:.1f}x | {match} | "
                      f"{r['matching_tokens']} / {r['new_tokens'] + 1} | {r['first_logit_diff']:.2e} |")
     return "\n".join(lines)
 

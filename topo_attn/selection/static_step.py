@@ -309,11 +309,12 @@ def decode_step_table(selector: str, q: torch.Tensor, keys: torch.Tensor, stats:
     (:func:`~topo_attn.selection.static_step_kernel.static_step_table` with ``update``, the custom op
     ``topo_attn::static_step_update_table``); on the torch path, the two calls. The arguments, the choice of
     path (``fused``), the result and the errors are those of :func:`step_block_table`; ``keys`` is the whole
-    static key cache ``[B, H_kv, S_max, D]`` holding the step's key at ``length - 1``, as :meth:`~StaticBlockStats.update`
-    takes it. Statistics and tables equal the two calls' up to float32 rounding of the sums (the kernel sums a
-    block's keys and distances in its own order). For ``topology``, when ``stats`` holds buffers for this rule
-    (:meth:`StaticBlockStats.kept_table`), the kernel reuses each lane's row from the previous length until the
-    query's block changes or a block completes: the same rows, no ranking on most steps."""
+    static key cache ``[B, H_kv, S_max, D]`` holding the step's key at ``length - 1``, as
+    :meth:`~StaticBlockStats.update` takes it. Statistics and tables equal the two calls' up to float32 rounding
+    of the sums (the kernel sums a block's keys and distances in its own order). For ``topology``, when
+    ``stats`` holds buffers for this rule (:meth:`StaticBlockStats.kept_table`), the kernel reuses each lane's
+    row from the previous length until the query's block changes or a block completes: the same rows, no ranking
+    on most steps."""
     chooser = get(selector, "step", static_step=True)
     _check_step(q, stats, length)
     stats._check_update(keys, length, 1)

@@ -9,7 +9,8 @@ launches, more than the attention they choose for at short caches. Here one prog
    ``sinks <= kb < qb - window``;
 2. score the candidates in float32 from the kept statistics, ``BLOCK_N`` blocks at a time, as the selector's
    ``step_scores`` does (``quest``: the group's largest ``relu(q) . hi + min(q, 0) . lo``; ``centroid``: the
-   group's mean query ``. centroid``; ``salience``: ``topology``'s kept salience, read as it is), and write each score's order key (:func:`~topo_attn.selection.topk.order_key`:
+   group's mean query ``. centroid``; ``salience``: ``topology``'s kept salience, read as it is), and write each
+   score's order key (:func:`~topo_attn.selection.topk.order_key`:
    the float's order-preserving bits above the reversed block index, so equal scores go to the lower block) to a
    workspace row;
 3. read the row back whole and take the ``budget`` largest keys, one round of ``max`` each;

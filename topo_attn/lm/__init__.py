@@ -7,7 +7,9 @@ sparse attention from the first step), ``native`` (``python -m topo_attn.lm nati
 attention, compared with the SDPA-trained one under the same selectors), ``study``
 (``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
 selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
-passkey probe answered by ``generate()`` through the decode path), ``results`` (the result files of these
+passkey probe answered by ``generate()`` through the decode path), ``retrieval`` (RULER-style probes),
+``intervals`` (95% intervals), ``retrieval_runner`` (``python -m topo_attn.lm retrieval``: the retrieval suite
+scored per task, distance and attention), ``results`` (the result files of these
 commands and their loaders and tables). Needs transformers (the ``lm`` extra; ``results`` does not);
 ``import topo_attn`` does not import this package. It does not import the benchmark runner (``topo_attn.bench``).
 """

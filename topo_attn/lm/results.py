@@ -13,7 +13,10 @@ The commands of :mod:`topo_attn.lm` write JSON results (to ``--out``; the commit
   by generation (:func:`load_lm_passkey`; :func:`topo_attn.lm.generation.markdown` renders it);
 - ``python -m topo_attn.lm native``: suite :data:`LM_NATIVE_SUITE`, ``rows`` of one model trained per attention
   and ``after_training`` rows of the SDPA-trained model under the same attentions (:func:`load_lm_native`;
-  :func:`topo_attn.lm.native.markdown` renders it).
+  :func:`topo_attn.lm.native.markdown` renders it);
+- ``python -m topo_attn.lm retrieval``: suite :data:`LM_RETRIEVAL_SUITE`, ``rows`` of the retrieval suite per
+  task, distance, attention and budget with intervals (:func:`load_lm_retrieval`;
+  :func:`topo_attn.lm.retrieval_runner.markdown` renders it).
 
 A relative path is taken from the repository's root, so ``"data/benchmarks/lm_quality_h200.json"`` works from
 any folder. Importing this module imports neither transformers nor pandas (pandas is imported on use).
@@ -36,6 +39,11 @@ LM_PASSKEY_SUITE = "lm_passkey_generate"
 LM_NATIVE_SUITE = "lm_native"
 """The suite of native sparse training (``python -m topo_attn.lm native``): ``rows`` per trained model and
 ``after_training`` rows."""
+LM_RETRIEVAL_SUITE = "lm_retrieval"
+"""The suite of the RULER-style retrieval suite (``python -m topo_attn.lm retrieval``): ``rows`` per task,
+distance, attention and budget."""
+LM_RETRIEVAL_ROW_KEYS = ("task", "distance", "attention", "selector", "budget", "accuracy", "n", "ci_low", "ci_high")
+"""The keys every row of an :data:`LM_RETRIEVAL_SUITE` file has."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 """The top-level keys every :data:`LM_SUITE` file has."""
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
@@ -198,6 +206,23 @@ def load_lm_native(path: str | Path) -> dict:
     data = _load_rows(path, LM_NATIVE_SUITE, "native sparse training", "python -m topo_attn.lm native")
     if not isinstance(data.get("after_training"), list):
         raise ValueError(f"{path}: expected the native sparse training results with a list of after_training rows")
+    return data
+
+
+def load_lm_retrieval(path: str | Path) -> dict:
+    """The retrieval suite's results (``python -m topo_attn.lm retrieval --out path``) as the parsed JSON; a
+    relative ``path`` is taken from the repository's root.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_retrieval``, has no list of ``rows``, a row lacks one of
+            :data:`LM_RETRIEVAL_ROW_KEYS`, or :data:`~topo_attn.provenance.COMMIT_KEYS` have the wrong type.
+    """
+    data = _load_rows(path, LM_RETRIEVAL_SUITE, "retrieval suite", "python -m topo_attn.lm retrieval")
+    for i, row in enumerate(data["rows"]):
+        missing = [k for k in LM_RETRIEVAL_ROW_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(LM_RETRIEVAL_ROW_KEYS)}")
     return data
 
 

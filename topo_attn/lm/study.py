@@ -121,7 +121,7 @@ def _strict(attention: str, args) -> bool:
     return args.strict and attention not in ("dense", "topology_22")
 
 
-def _use(model, attention: str, budget: int | None, args) -> str | None:
+def use_attention(model, attention: str, budget: int | None, args) -> str | None:
     """Switch ``model`` to ``attention``; the backend name of the kit (None for sdpa)."""
     from ..integrations import transformers as tat
 
@@ -169,7 +169,7 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
     for attention, budget in tqdm(configs, desc="perplexity and retrieval",
                                       disable=not cli.progress_enabled(progress)):
         started = time.perf_counter()
-        name = _use(model, attention, budget, args)
+        name = use_attention(model, attention, budget, args)
         losses, scheduled, causal = [], 0, 0
         for start in range(0, len(ids), args.batch):
             losses.append(token_losses(model, ids[start:start + args.batch], batch=args.batch))

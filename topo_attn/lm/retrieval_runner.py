@@ -1,0 +1,218 @@
+"""``python -m topo_attn.lm retrieval``: the RULER-style retrieval suite (:mod:`.retrieval`) scored for ``sdpa``,
+the kit's ``dense`` and each selector at each budget, without look-ahead.
+
+For a model folder (default ``data/lm``) and its held-out documents (``eval_set.npz``, loaded as
+``python -m topo_attn.lm evaluate`` loads them), per task of ``--tasks`` and distance of ``--distances``,
+``--probes`` probes are built (:func:`~topo_attn.lm.retrieval.probe_set`, seeded by ``--seed``) in the task's
+**held-out** line formats (:func:`~topo_attn.lm.retrieval.held_out_formats`), into the held-out documents as
+filler, each probe as long as the documents. ``single_needle`` gets ``budget = max(--budgets)`` and
+``--block-size``, so its decoys outnumber every budget's blocks.
+
+Scoring: exact match of the answer under greedy prediction (:func:`~topo_attn.lm.evaluate.passkey_scores`:
+every byte of the answer is the model's most likely next byte given the true bytes before it). Selectors run
+at token granularity (:mod:`topo_attn.lm.token_attention`: each query token chooses its key blocks from its own
+query among the complete blocks before its own, as a decode step does), so no position's prediction depends on
+a later byte; ``sdpa`` and ``dense`` attend to every earlier byte.
+
+Each row (``rows`` in the JSON) is one cell: ``task``, ``distance``, ``attention`` (``sdpa``, ``dense`` or the
+selector), ``selector`` (None for ``sdpa`` and ``dense``), ``budget`` (None for them), ``accuracy``, ``n`` (the
+probes of the cell), ``ci_low`` and ``ci_high`` (the 95% percentile bootstrap interval,
+:func:`~topo_attn.lm.intervals.bootstrap_interval`, a single point when every probe of the cell agrees),
+``wilson_low`` and ``wilson_high`` (the 95% Wilson interval, :func:`~topo_attn.lm.intervals.wilson_interval`,
+the one to quote for such cells), ``dense_reaches_90`` (whether ``dense`` answers at least 90% of this task
+and distance: the issue's condition before selectors are compared) and, for selectors, ``minus_dense``,
+``minus_dense_low``, ``minus_dense_high`` (the accuracy minus dense's on the same probes, with its 95% paired
+bootstrap interval, :func:`~topo_attn.lm.intervals.paired_difference`). ``dense_gate`` sums the condition up.
+Written as JSON (``--out``; ``data/benchmarks/lm_retrieval_<gpu>.json``) with the GPU, versions, command and
+commit; :func:`topo_attn.lm.results.load_lm_retrieval` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import cli
+from ..provenance import code_version
+from . import intervals
+from .evaluate import passkey_scores
+from .results import LM_RETRIEVAL_SUITE
+from .retrieval import TASKS, held_out_formats, probe_set
+from .study import (add_common_arguments, check_common_arguments, eval_set_path, load_documents, load_model,
+                    use_attention)
+from .token_attention import TOKEN_SELECTORS
+from .train import probe_distances
+
+PROG = "python -m topo_attn.lm retrieval"
+DEFAULT_SELECTORS = tuple(s for s in ("topology", "centroid", "quest", "oracle") if s in TOKEN_SELECTORS)
+DEFAULT_BUDGETS = (6, 30)
+DENSE_THRESHOLD = 0.9
+"""The accuracy ``dense`` must reach on every task at every distance before selectors are compared."""
+INTERVAL = ("ci_low, ci_high: 95% percentile bootstrap (topo_attn.lm.intervals.bootstrap_interval, 10000 "
+            "resamples, seed 0); wilson_low, wilson_high: 95% Wilson score interval; minus_dense_low, "
+            "minus_dense_high: 95% paired bootstrap of the difference from dense on the same probes")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, "held-out documents the probes are built into (the filler)")
+    for action in parser._actions:  # the common --probes, here per cell
+        if action.dest == "probes":
+            action.help = "probes per task and distance (per cell)"
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS),
+                        help="tasks of topo_attn.lm.retrieval (default: all)")
+    parser.add_argument("--distances", type=int, nargs="+", default=None,
+                        help="bytes from the needle's value to the answer (default: 1k, 2k, 4k, ... and the "
+                             "document length - 128)")
+    parser.add_argument("--selectors", nargs="+", default=list(DEFAULT_SELECTORS), choices=TOKEN_SELECTORS,
+                        help=f"token-granularity selectors (default: {' '.join(DEFAULT_SELECTORS)})")
+    parser.add_argument("--budgets", type=int, nargs="+", default=list(DEFAULT_BUDGETS),
+                        help="key blocks per query token beyond sinks and window")
+    parser.add_argument("--batch", type=int, default=4, help="probes per forward")
+
+
+def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """``python -m topo_attn.lm retrieval``'s command line (``add_help=False``: as a parent parser)."""
+    return cli.command_parser(PROG, __doc__, add_arguments, add_help)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Raise :class:`~topo_attn.cli.UsageError` for values that would fail late or unclearly: a distance below 1
+    or not shorter than ``--length``, ``--batch`` below 1, and those of
+    :func:`~topo_attn.lm.study.check_common_arguments` (the model folder and evaluation set last)."""
+    cli.check_at_least("--distances", args.distances, 1, "distance")
+    cli.check_at_least("--batch", args.batch, 1)
+    if args.length is not None and args.distances:
+        cli.check_at_least("--length", args.length, 1)
+        too_far = [d for d in args.distances if d >= args.length]
+        if too_far:
+            raise cli.UsageError(f"argument --distances: {too_far} do not fit --length {args.length} "
+                                 f"(expected distances < length)")
+    check_common_arguments(args)
+
+
+def build_probes(docs: np.ndarray, tasks: list[str], distances: list[int], per_cell: int, seed: int,
+                 budget: int, block_size: int) -> list:
+    """Per task (in order), ``per_cell`` probes per distance in its held-out formats, built into ``docs``
+    (``uint8 [N, L]``), each ``L`` bytes long. Raises ``ValueError`` naming ``--distances`` when a distance does
+    not fit, or the generator's error when the documents cannot host a probe."""
+    probes = []
+    for task in tasks:
+        options = dict(budget=budget, block_size=block_size) if task == "single_needle" else {}
+        try:
+            probes += probe_set(task, docs, distances, per_cell, formats=held_out_formats(task), seed=seed,
+                                **options)
+        except ValueError as error:
+            raise ValueError(f"argument --distances: {task} probes of {docs.shape[1]} bytes at distances "
+                             f"{distances}: {error}") from error
+    return probes
+
+
+def cell_rows(probes: list, outcomes: dict[tuple[str, int | None], list[bool]]) -> list[dict]:
+    """The rows of the module docstring from per-probe outcomes: ``outcomes[(attention, budget)]`` holds one bool
+    per probe of ``probes`` (in order); ``("dense", None)`` must be among them."""
+    cells: dict[tuple[str, int], list[int]] = {}
+    for i, probe in enumerate(probes):
+        cells.setdefault((probe.task, probe.distance), []).append(i)
+    dense = outcomes[("dense", None)]
+    rows = []
+    for (attention, budget), correct in outcomes.items():
+        for (task, distance), at in cells.items():
+            mine = [correct[i] for i in at]
+            theirs = [dense[i] for i in at]
+            boot = intervals.bootstrap_interval(mine)
+            wilson = intervals.wilson_interval(mine)
+            row = dict(task=task, distance=distance, attention=attention,
+                       selector=None if attention in ("sdpa", "dense") else attention, budget=budget,
+                       accuracy=boot.accuracy, n=boot.n, ci_low=boot.ci_low, ci_high=boot.ci_high,
+                       wilson_low=wilson.ci_low, wilson_high=wilson.ci_high,
+                       dense_reaches_90=bool(np.mean(theirs) >= DENSE_THRESHOLD))
+            if row["selector"] is not None:
+                diff = intervals.paired_difference(mine, theirs)
+                row.update(minus_dense=diff.difference, minus_dense_low=diff.ci_low, minus_dense_high=diff.ci_high)
+            rows.append(row)
+    return rows
+
+
+def dense_gate(rows: list[dict]) -> dict:
+    """``threshold``, ``passed`` (dense reaches it on every task at every distance) and the ``failing`` cells
+    (``task``, ``distance``, ``accuracy``) of dense."""
+    failing = [dict(task=r["task"], distance=r["distance"], accuracy=r["accuracy"]) for r in rows
+               if r["attention"] == "dense" and r["accuracy"] < DENSE_THRESHOLD]
+    return dict(threshold=DENSE_THRESHOLD, passed=not failing, failing=failing)
+
+
+def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
+    """Everything of the module docstring for parsed (and checked) ``args``; the results as a dict (and JSON
+    at ``args.out``)."""
+    import triton
+    from tqdm.auto import tqdm
+
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
+    model = load_model(args.model, args.device, dtype)
+    docs = load_documents(eval_set_path(args), args.documents, args.length)
+    length = int(docs.shape[1])
+    distances = list(args.distances) if args.distances else probe_distances(length)
+    probes = build_probes(docs, list(args.tasks), distances, args.probes, args.seed, max(args.budgets),
+                          args.block_size)
+    # study.use_attention's settings (granularity, strict, dense_layers): per-token selection, every layer sparse
+    settings = argparse.Namespace(**vars(args), granularity="token", strict=False, dense_layers=[])
+    configs = [("sdpa", None), ("dense", None)] + [(s, b) for s in args.selectors for b in args.budgets]
+    started = time.perf_counter()
+    outcomes = {}
+    for attention, budget in tqdm(configs, desc="retrieval", disable=not cli.progress_enabled(args.progress)):
+        use_attention(model, attention, budget, settings)
+        outcomes[(attention, budget)] = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=args.batch)]
+    model.set_attn_implementation("sdpa")
+    rows = cell_rows(probes, outcomes)
+    result = dict(
+        suite=LM_RETRIEVAL_SUITE, model=str(args.model),
+        gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
+        triton=triton.__version__,
+        command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
+        date=datetime.date.today().isoformat(), **code_version(), eval_set=str(eval_set_path(args)),
+        documents=len(docs), length=length, block_size=args.block_size, sinks=args.sinks, window=args.window,
+        granularity="token", dtype=str(dtype).removeprefix("torch."), seed=args.seed, probes_per_cell=args.probes,
+        tasks=list(args.tasks), distances=distances,
+        formats={task: list(held_out_formats(task)) for task in args.tasks},
+        scoring="exact match of the answer under greedy prediction (topo_attn.lm.evaluate.passkey_scores), "
+                "selectors per token (topo_attn.lm.token_attention): no look-ahead",
+        interval=INTERVAL, dense_gate=dense_gate(rows), rows=rows, seconds=time.perf_counter() - started)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def markdown(result: dict) -> str:
+    """Per task and configuration, the accuracy per distance with its bootstrap interval."""
+    distances = sorted({r["distance"] for r in result["rows"]})
+    head = ["task", "attention", "budget", *[f"@{d}" for d in distances]]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    keys = list(dict.fromkeys((r["task"], r["attention"], r["budget"]) for r in result["rows"]))
+    cells = {(r["task"], r["attention"], r["budget"], r["distance"]): r for r in result["rows"]}
+    for task, attention, budget in keys:
+        out = [task, attention, "" if budget is None else str(budget)]
+        for d in distances:
+            r = cells.get((task, attention, budget, d))
+            out.append("" if r is None else f"{r['accuracy']:.0%} [{r['ci_low']:.0%}, {r['ci_high']:.0%}]")
+        lines.append("| " + " | ".join(out) + " |")
+    gate = result["dense_gate"]
+    lines.append(f"\ndense reaches {gate['threshold']:.0%} on every task and distance: "
+                 f"{'yes' if gate['passed'] else 'no'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` without ``retrieval``; ``sys.argv[2:]`` when None): print the table. Raises
+    :class:`~topo_attn.cli.UsageError` for a bad value (:func:`check_args`) before anything loads."""
+    argv = sys.argv[2:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    print(markdown(retrieval_suite(args, argv)))
+    return 0

@@ -268,14 +268,10 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
     _check_salience(chooser, selector, stats)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
     if _takes_kernel(selector, stats, fused):
-        from .static_step_kernel import static_step_table_op  # triton is imported on first use
+        from .static_step_kernel import score_operands, static_step_table_op  # triton is imported on first use
 
         score = FUSED_SCORES[selector]
-        first, second = stats.centroids, stats.centroids
-        if score == "quest":
-            first, second = stats.hi, stats.lo
-        elif score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
-            first = second = stats.salience[..., None]
+        first, second = score_operands(score, stats.centroids, stats.lo, stats.hi, stats.salience)
         return static_step_table_op(q, first, second, length, score, stats.block_size, sinks, window, budget)
     bs, nb, device = stats.block_size, stats.num_blocks, stats.lo.device
     batch, kv_heads = stats.lo.shape[:2]

@@ -267,6 +267,18 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     return out
 
 
+def score_operands(score: str, centroids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                   salience: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``first, second`` statistics that :func:`static_step_table` reads for ``score``: ``hi, lo`` for
+    ``quest``, the kept salience as a ``[B, H_kv, nb, 1]`` column twice for ``salience``, the centroids twice
+    otherwise (``centroid``; unread for ``none``)."""
+    if score == "quest":
+        return hi, lo
+    if score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
+        return salience[..., None], salience[..., None]
+    return centroids, centroids
+
+
 @torch.library.custom_op("topo_attn::static_step_table", mutates_args=())
 def static_step_table_op(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
                          score: str, block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
@@ -290,11 +302,7 @@ def static_step_update_table_op(q: torch.Tensor, cache: torch.Tensor, centroids:
     the scores read ``hi, lo``, the centroids twice, or the salience as ``score`` says), reusing the rows kept in
     ``kept``, ``last`` when given (``keep``). Writes ``centroids``, ``lo``, ``hi``, ``salience``, ``kept`` and
     ``last`` in place; trusts its inputs."""
-    first, second = centroids, centroids
-    if score == "quest":
-        first, second = hi, lo
-    elif score == "salience":  # one value per block: a column of the [B, H_kv, nb, D] layout
-        first = second = salience[..., None]
+    first, second = score_operands(score, centroids, lo, hi, salience)
     return static_step_table(q, first, second, length, score, block_size, sinks, window, budget,
                              update=(cache, centroids, lo, hi, salience),
                              keep=None if kept is None else (kept, last))

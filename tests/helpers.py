@@ -158,6 +158,23 @@ def write_static_keys(buffer: torch.Tensor, keys: torch.Tensor, stats, start: in
     return start + q_len
 
 
+def write_in_steps(buffer: torch.Tensor, keys: torch.Tensor, stats, prefill: int, chunk: int, last: int,
+                   check) -> None:
+    """Fill the static cache ``buffer`` with ``keys`` as a generation would (:func:`write_static_keys`): a
+    prefill of ``prefill`` keys, a chunk of ``chunk``, one key per step, then the last ``last`` at once;
+    ``check(stats, keys, length)`` after each write."""
+    max_len = buffer.shape[2]
+    length = write_static_keys(buffer, keys, stats, 0, prefill)
+    check(stats, keys, length)
+    length = write_static_keys(buffer, keys, stats, length, chunk)
+    check(stats, keys, length)
+    while length < max_len - last:
+        length = write_static_keys(buffer, keys, stats, length, 1)
+        check(stats, keys, length)
+    assert write_static_keys(buffer, keys, stats, length, last) == max_len
+    check(stats, keys, max_len)
+
+
 def _identifier(rng: np.random.Generator) -> str:
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     return "".join(rng.choice(letters, int(rng.integers(3, 10))))

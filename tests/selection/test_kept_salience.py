@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from helpers import garbage_static_cache, write_static_keys
+from helpers import garbage_static_cache, write_in_steps, write_static_keys
 from topo_attn.selection.incremental import KeyBlockStats, select_for_queries
 from topo_attn.selection.static_step import StaticBlockStats, step_block_table
 from topo_attn.topology import block_centroids, block_salience
@@ -56,15 +56,7 @@ def test_the_buffer_follows_the_rule(dtype, max_len, prefill, chunk, last):
     buffer, keys = garbage_static_cache(2, 3, max_len, 8, seed=max_len + prefill)
     stats = StaticBlockStats.for_cache(buffer, BS, dtype, salience=True)
     pointer = stats.salience.data_ptr()
-    length = write_static_keys(buffer, keys, stats, 0, prefill)
-    _check_salience(stats, keys, length)
-    length = write_static_keys(buffer, keys, stats, length, chunk)
-    _check_salience(stats, keys, length)
-    while length < max_len - last:
-        length = write_static_keys(buffer, keys, stats, length, 1)
-        _check_salience(stats, keys, length)
-    assert write_static_keys(buffer, keys, stats, length, last) == max_len
-    _check_salience(stats, keys, max_len)
+    write_in_steps(buffer, keys, stats, prefill, chunk, last, _check_salience)
     second = torch.randn(keys.shape, generator=torch.Generator().manual_seed(max_len), dtype=keys.dtype)
     buffer[...] = float("nan")
     stats.update(buffer.copy_(second), torch.tensor(0), prefill + chunk)

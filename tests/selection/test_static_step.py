@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from helpers import garbage_static_cache, write_static_keys
+from helpers import garbage_static_cache, write_in_steps, write_static_keys
 from topo_attn.rule import budget_row_widths
 from topo_attn.selection.incremental import KeyBlockStats, select_for_queries
 from topo_attn.selection.registry import SELECTORS, names
@@ -72,15 +72,7 @@ def test_update_keeps_the_block_statistics(dtype, max_len, prefill, chunk, last)
     buffer, keys = garbage_static_cache(2, 3, max_len, 8, seed=max_len + prefill)
     stats = StaticBlockStats.for_cache(buffer, BS, dtype)
     pointers = [t.data_ptr() for t in (stats.centroids, stats.lo, stats.hi)]
-    length = write_static_keys(buffer, keys, stats, 0, prefill)
-    _check_stats(stats, keys, length)
-    length = write_static_keys(buffer, keys, stats, length, chunk)
-    _check_stats(stats, keys, length)
-    while length < max_len - last:
-        length = write_static_keys(buffer, keys, stats, length, 1)
-        _check_stats(stats, keys, length)
-    assert write_static_keys(buffer, keys, stats, length, last) == max_len
-    _check_stats(stats, keys, max_len)
+    write_in_steps(buffer, keys, stats, prefill, chunk, last, _check_stats)
     second = torch.randn(keys.shape, generator=torch.Generator().manual_seed(max_len), dtype=keys.dtype)
     buffer[...] = float("nan")
     _check_stats(stats.update(buffer.copy_(second), torch.tensor(0), prefill + chunk), second, prefill + chunk)

@@ -116,6 +116,41 @@ def test_a_decode_step_compiles_whole_and_serves_every_length(selector, device):
     torch._dynamo.reset()
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("selector", ["dense", "quest", "centroid", "topology"])
+def test_a_compiled_sparse_step_makes_no_host_sync(selector, device):
+    """The compiled one-token step over a TopoStaticCache (the static statistics' update and table in one
+    launch, topology's kept rows, static_decode) runs under ``set_sync_debug_mode("error")``: no host sync at
+    any length, block boundaries and completions included, and its logits equal the eager step's."""
+    model = tiny_llama(device)
+    name = tat.register(selector=selector, block_size=BLOCK, budget=1, name=f"topo_sync_free_{selector}")
+    model.set_attn_implementation(name)
+    ids = token_ids(1, 40, device)
+    eager_cache = TopoStaticCache(model.config, max_cache_len=96)
+    cache = TopoStaticCache(model.config, max_cache_len=96)
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, fullgraph=True)
+    with torch.no_grad():
+        model(ids, **cache_argument(eager_cache))
+        model(ids, **cache_argument(cache))  # the prefill, eager
+        for position in range(40, 42):  # compile and warm up outside the check
+            token, positions = token_ids(1, 1, device, seed=position), torch.tensor([[position]], device=device)
+            model(token, position_ids=positions, **cache_argument(eager_cache))
+            step(token, position_ids=positions, **cache_argument(cache))
+        torch.cuda.synchronize()
+        for position in range(42, 70):  # crosses the boundaries at 48 and 64
+            token = token_ids(1, 1, device, seed=position)
+            positions = torch.tensor([[position]], device=device)  # as generate() passes them, made before
+            want = model(token, position_ids=positions, **cache_argument(eager_cache)).logits
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = step(token, position_ids=positions, **cache_argument(cache)).logits
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert (got - want).abs().max().item() <= 1e-3 * max(1.0, want.abs().max().item()), position
+    torch._dynamo.reset()
+
+
 def test_a_plain_static_cache_raises(device):
     model = tiny_llama(device)
     model.set_attn_implementation(tat.register(selector="quest", block_size=BLOCK, budget=1,

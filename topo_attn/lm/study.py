@@ -306,7 +306,7 @@ def check_common_arguments(args: argparse.Namespace, kernel_block_size: bool = T
         cli.check_at_least("--block-size", args.block_size, 1)
     cli.check_at_least("--sinks", args.sinks, 0)
     cli.check_at_least("--window", args.window, 0)
-    cli.check_at_least("--budgets", args.budgets, 0, "budget")
+    cli.check_at_least("--budgets", getattr(args, "budgets", None), 0, "budget")
     check_device("--device", args.device)
     check_model_folder(args.model)
     check_eval_set(args)

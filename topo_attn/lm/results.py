@@ -16,7 +16,10 @@ The commands of :mod:`topo_attn.lm` write JSON results (to ``--out``; the commit
   :func:`topo_attn.lm.native.markdown` renders it);
 - ``python -m topo_attn.lm retrieval``: suite :data:`LM_RETRIEVAL_SUITE`, ``rows`` of the retrieval suite per
   task, distance, attention and budget with intervals (:func:`load_lm_retrieval`;
-  :func:`topo_attn.lm.retrieval_runner.markdown` renders it).
+  :func:`topo_attn.lm.retrieval_runner.markdown` renders it);
+- ``python -m topo_attn.lm eviction``: suite :data:`LM_EVICTION_SUITE`, ``rows`` of KV-cache eviction per policy
+  and cache fraction, with retrieval per task (:func:`load_lm_eviction`;
+  :func:`topo_attn.lm.eviction_runner.markdown` renders it).
 
 A relative path is taken from the repository's root, so ``"data/benchmarks/lm_quality_h200.json"`` works from
 any folder. Importing this module imports neither transformers nor pandas (pandas is imported on use).
@@ -44,6 +47,14 @@ LM_RETRIEVAL_SUITE = "lm_retrieval"
 distance, attention and budget."""
 LM_RETRIEVAL_ROW_KEYS = ("task", "distance", "attention", "selector", "budget", "accuracy", "n", "ci_low", "ci_high")
 """The keys every row of an :data:`LM_RETRIEVAL_SUITE` file has."""
+LM_EVICTION_SUITE = "lm_eviction"
+"""The suite of KV-cache eviction (``python -m topo_attn.lm eviction``): ``rows`` per policy and cache fraction."""
+LM_EVICTION_ROW_KEYS = ("policy", "cache_fraction", "keep_blocks", "bits_per_byte", "n_bytes", "memory_fraction",
+                        "retrieval")
+"""The keys every row of an :data:`LM_EVICTION_SUITE` file has (``retrieval``: per task a dict of
+:data:`LM_EVICTION_CELL_KEYS`)."""
+LM_EVICTION_CELL_KEYS = ("accuracy", "n", "ci_low", "ci_high")
+"""The keys of every task's retrieval cell of an :data:`LM_EVICTION_SUITE` row."""
 LM_KEYS = ("suite", "model", "gpu", "torch", "triton", "command", "perplexity", "retrieval")
 """The top-level keys every :data:`LM_SUITE` file has."""
 LM_SECTIONS = ("perplexity", "retrieval", "recall", "speed")
@@ -223,6 +234,32 @@ def load_lm_retrieval(path: str | Path) -> dict:
         missing = [k for k in LM_RETRIEVAL_ROW_KEYS if not isinstance(row, dict) or k not in row]
         if missing:
             raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(LM_RETRIEVAL_ROW_KEYS)}")
+    return data
+
+
+def load_lm_eviction(path: str | Path) -> dict:
+    """KV-cache eviction's results (``python -m topo_attn.lm eviction --out path``) as the parsed JSON; a relative
+    ``path`` is taken from the repository's root.
+
+    Raises:
+        FileNotFoundError: there is no such file (the message names it).
+        ValueError: the file is not of suite ``lm_eviction``, has no list of ``rows``, a row lacks one of
+            :data:`LM_EVICTION_ROW_KEYS`, a row's ``retrieval`` is not a dict of tasks whose cells have
+            :data:`LM_EVICTION_CELL_KEYS`, or :data:`~topo_attn.provenance.COMMIT_KEYS` have the wrong type.
+    """
+    data = _load_rows(path, LM_EVICTION_SUITE, "KV-cache eviction", "python -m topo_attn.lm eviction")
+    for i, row in enumerate(data["rows"]):
+        missing = [k for k in LM_EVICTION_ROW_KEYS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(LM_EVICTION_ROW_KEYS)}")
+        cells = row["retrieval"]
+        if not isinstance(cells, dict):
+            raise ValueError(f"{path}: row {i}: retrieval must be a dict of tasks, got {type(cells).__name__}")
+        bad = [task for task, cell in cells.items()
+               if not isinstance(cell, dict) or any(k not in cell for k in LM_EVICTION_CELL_KEYS)]
+        if bad:
+            raise ValueError(f"{path}: row {i}: the retrieval cells of {bad} lack one of "
+                             f"{list(LM_EVICTION_CELL_KEYS)}")
     return data
 
 

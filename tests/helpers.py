@@ -180,8 +180,9 @@ def _identifier(rng: np.random.Generator) -> str:
     return "".join(rng.choice(letters, int(rng.integers(3, 10))))
 
 
-def write_corpus(root, count: int, seed: int = 0) -> None:
-    """``count`` Python-like files (functions and assignments with random identifiers) in a few folders."""
+def write_corpus(root, count: int, seed: int = 0, folder: str = "pkg", folders: int = 5) -> None:
+    """``count`` Python-like files (functions and assignments with random identifiers) in ``folders`` folders
+    ``<folder>0``, ``<folder>1``, ... (file ``i`` in ``<folder><i % folders>/mod_<i>.py``)."""
     rng = np.random.default_rng(seed)
     for i in range(count):
         lines = [f'"""Module {i}."""', "import os", ""]
@@ -189,6 +190,16 @@ def write_corpus(root, count: int, seed: int = 0) -> None:
             name, arg = _identifier(rng), _identifier(rng)
             lines += [f"def {name}({arg}):", f"    {_identifier(rng)} = {arg} + {int(rng.integers(1000))}",
                       f"    return {_identifier(rng)}({arg})", ""]
-        path = root / f"pkg{i % 5}" / f"mod_{i}.py"
+        path = root / f"{folder}{i % folders}" / f"mod_{i}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines))
+
+
+def write_train_corpus(base) -> list:
+    """The corpus roots of the training tests: :func:`write_corpus`'s 300 files under a ``stdlib`` root
+    (``base/lib``) and 400 more (seed 1) in one package ``site0`` of a ``site-packages`` root (``base/site``), so
+    that ``train`` can build its per-file evaluation set of two documents of 256 bytes (one of the standard
+    library, one of the package)."""
+    write_corpus(base / "lib", 300)
+    write_corpus(base / "site", 400, seed=1, folder="site", folders=1)
+    return [("stdlib", (base / "lib").resolve()), ("site-packages", (base / "site").resolve())]

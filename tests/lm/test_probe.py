@@ -1,4 +1,4 @@
-"""The passkey probe's construction and the key-line copies mixed into training documents."""
+"""The passkey probe's construction (the copy content of training windows: tests/lm/test_training_copies.py)."""
 
 from __future__ import annotations
 
@@ -66,20 +66,6 @@ def test_passkey_document_errors():
         probe.passkey_document(doc, 0, np.random.default_rng(0))
     with pytest.raises(TypeError, match="value_len must be an int"):
         probe.passkey_document(doc, 100, np.random.default_rng(0), value_len=2.5)
-
-
-@pytest.mark.parametrize("pairs", [0, 1, 3])
-def test_insert_copies_keeps_the_length_and_repeats_each_line(pairs):
-    doc = document(8192, seed=pairs)
-    out = probe.insert_copies(doc, np.random.default_rng(pairs), pairs, min_distance=64)
-    assert out.dtype == np.uint8 and out.shape == doc.shape
-    lines = LINE.findall(out.tobytes())
-    if pairs == 0:
-        assert np.array_equal(out, doc) and not lines
-    # every complete line appears twice, except a second copy pushed past the end
-    counts = {line: lines.count(line) for line in lines}
-    assert sum(c == 2 for c in counts.values()) >= pairs - 1 and all(c <= 2 for c in counts.values())
-    assert len(counts) <= pairs
 
 
 def test_probe_set_and_distances():

@@ -1,5 +1,6 @@
 """Training the byte-level model (topo_attn.lm.train): a tiny CPU run on a synthetic corpus of Python-like
-files (its checkpoint, log, manifest and evaluation set), and the small functions it is built from."""
+files (its checkpoint, log, manifest and per-file evaluation set), and the small functions it is built from
+(the copy content of its batches: tests/lm/test_training_copies.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import dataclasses
 import gzip
 import json
 import math
-import re
 
 import numpy as np
 import pytest
 import torch
-from helpers import write_corpus
+from helpers import write_corpus, write_train_corpus
 
 from topo_attn.lm import corpus, train
 from topo_attn.lm.evaluate import bits_per_byte, token_losses
@@ -22,7 +22,6 @@ from topo_attn.lm.train import ModelShape, TrainSettings
 transformers = pytest.importorskip("transformers", minversion="5")
 from transformers import LlamaForCausalLM  # noqa: E402
 
-LINE = re.compile(rb'\n([a-z]{3,8}_[a-z]{3,8}) = "([0-9a-zA-Z]+)"\n')
 SHAPE = ModelShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128)
 # context 256 rather than 128: probe_distances(128) is [0], which fits no probe, so the final passkey score
 # would be empty
@@ -32,13 +31,7 @@ SETTINGS = TrainSettings(context=256, batch=2, steps=3, warmup=1, eval_every=2, 
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus") / "lib"
-    write_corpus(root, 300)
-    roots = [("stdlib", root)]
-    _, validation = corpus.split_sources(corpus.find_sources(roots))
-    # enough held-out bytes for the evaluation documents (a precondition of the run, not a result)
-    assert sum(f.size for f in validation) >= SETTINGS.eval_documents * SETTINGS.context
-    return roots
+    return write_train_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +50,54 @@ def test_run_writes_its_files(trained, roots):
     out, _ = trained
     for name in ("config.json", "model.safetensors", "train_log.jsonl", "corpus_manifest.json.gz", "eval_set.npz"):
         assert (out / name).is_file(), name
-    # the evaluation set: the first held-out documents of the context length, from the validation files
     train_files, validation = corpus.split_sources(corpus.find_sources(roots))
-    docs = np.load(out / "eval_set.npz")["documents"]
-    assert docs.dtype == np.uint8 and docs.shape == (SETTINGS.eval_documents, SETTINGS.context)
-    assert np.array_equal(docs, corpus.documents(corpus.pack(validation), SETTINGS.context, SETTINGS.eval_documents))
     # the manifest: every file once, on its side
     with gzip.open(out / "corpus_manifest.json.gz", "rt") as f:
         manifest = json.load(f)
     assert manifest["train_files"] == len(train_files) and manifest["validation_files"] == len(validation)
-    assert len(manifest["files"]) == 300
+    assert len(manifest["files"]) == 700
     assert {f["name"] for f in manifest["files"] if f["side"] == "validation"} == {f.name for f in validation}
+
+
+def test_run_writes_the_per_file_evaluation_set_with_its_file_list(trained, roots):
+    out, _ = trained
+    expected = corpus.build_eval_set(corpus.find_sources(roots), SETTINGS.context, SETTINGS.eval_documents,
+                                     train.eval_packages(SETTINGS.eval_documents), SETTINGS.seed)
+    with np.load(out / "eval_set.npz") as data:
+        docs, names, offsets, hashes = data["documents"], list(data["names"]), data["offsets"], list(data["sha256"])
+    assert docs.dtype == np.uint8 and docs.shape == (SETTINGS.eval_documents, SETTINGS.context)
+    assert np.array_equal(docs, expected.documents) and names == [f.name for f in expected.files]
+    # one window per file, of a standard-library file and a package's, each the file's bytes at its offset
+    assert len(set(names)) == len(names) and {corpus.package_of(n) for n in names} == {"stdlib", "site0"}
+    files = {f.name: f for f in corpus.find_sources(roots)}
+    for doc, name, offset, sha in zip(docs, names, offsets.tolist(), hashes):
+        assert files[name].sha256 == sha and name in {f.name for f in expected.split.validation}
+        assert doc.tobytes() == files[name].path.read_bytes()[offset:offset + SETTINGS.context]
+    # not the consecutive windows of the packed validation files that train() wrote before
+    _, validation = corpus.split_sources(corpus.find_sources(roots))
+    assert not np.array_equal(docs, corpus.documents(corpus.pack(validation), SETTINGS.context,
+                                                     SETTINGS.eval_documents))
+    record = json.loads((out / "eval_set.json").read_text())
+    assert [f["name"] for f in record["files"]] == names and record["documents"] == SETTINGS.eval_documents
+    logged = read_log(out)[0]["eval_set"]
+    assert logged["documents"] == 2 and logged["packages"] == 1 and logged["stdlib_files"] == 1
+
+
+def test_a_corpus_without_the_evaluation_set_fails_before_anything_is_written(tmp_path):
+    write_corpus(tmp_path / "lib", 300)  # standard library only: no package for the set
+    with pytest.raises(ValueError, match=r"eval_documents=2 documents of context=256 bytes: the evaluation set "
+                                         r"needs files of at least 1 packages and the standard library"):
+        train.train(tmp_path / "never", SETTINGS, SHAPE, device="cpu", roots=[("stdlib", tmp_path / "lib")],
+                    progress=False)
+    assert not (tmp_path / "never").exists()
+
+
+def test_eval_packages():
+    assert train.eval_packages(128) == corpus.MIN_PACKAGES == 20 and train.eval_packages(21) == 20
+    assert train.eval_packages(20) == 19 and train.eval_packages(2) == 1 and train.eval_packages(1) == 0
+    assert TrainSettings().eval_documents == corpus.EVAL_FILES
+    with pytest.raises(ValueError, match="eval_documents must be >= 1"):
+        train.eval_packages(0)
 
 
 def test_run_log_and_summary(trained):
@@ -133,7 +163,8 @@ def test_train_rejects_bad_settings(tmp_path, roots):
             train.train(tmp_path, dataclasses.replace(SETTINGS, **bad), SHAPE, device="cpu", roots=roots,
                         progress=False)
     # held-out files too short for one evaluation document
-    with pytest.raises(ValueError, match="fewer than one evaluation document"):
+    with pytest.raises(ValueError, match="eval_documents=2 documents of context=1048576 bytes: the evaluation set "
+                                         "needs 2 validation files of >= 1048576 bytes"):
         train.train(tmp_path, dataclasses.replace(SETTINGS, context=1 << 20), SHAPE, device="cpu",
                     roots=roots, progress=False)
 
@@ -162,26 +193,6 @@ def test_learning_rate_warmup_then_cosine_to_ten_percent():
     for s in (20, 75):
         progress = (s - 10) / 100
         assert lr[s] == pytest.approx(2e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * progress))))
-
-
-def test_training_batch_windows_of_the_stream():
-    rng = np.random.default_rng(0)
-    stream = rng.integers(ord("("), ord("~"), 5000).astype(np.uint8)  # no quotes or newlines
-    plain = TrainSettings(context=64, batch=5, copy_fraction=0.0)
-    batch = train.training_batch(stream, plain, np.random.default_rng(1))
-    assert batch.shape == (5, 65) and batch.dtype == torch.int64
-    text = stream.tobytes()
-    for row in batch.numpy().astype(np.uint8):  # each row a window of the stream
-        assert row.tobytes() in text and not LINE.search(row.tobytes())
-    again = train.training_batch(stream, plain, np.random.default_rng(1))
-    assert torch.equal(batch, again)
-    assert not torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(2)))
-    # with copy_fraction 1, every row holds key lines (insert_copies may push a second copy past the end)
-    copies = TrainSettings(context=512, batch=4, copy_fraction=1.0, max_pairs=2)
-    batch = train.training_batch(stream, copies, np.random.default_rng(3))
-    assert batch.shape == (4, 513) and int(batch.min()) >= 0 and int(batch.max()) < 256
-    for row in batch.numpy().astype(np.uint8):
-        assert LINE.search(row.tobytes()) and row.tobytes() not in text
 
 
 def test_probe_distances_fit_a_document_of_the_context():

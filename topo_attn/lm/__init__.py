@@ -1,10 +1,11 @@
 """The kit's byte-level causal language model and the evaluation of selectors on it.
 
-``corpus`` (the Python sources this machine has, split by a hash of each file's name), ``probe`` (key lines
-copied from far back: the passkey probe and the training documents that teach copying), ``evaluate`` (loss by
-position, bits per byte, passkey scores), ``train`` (``python -m topo_attn.lm train``, with SDPA or the kit's
-sparse attention from the first step), ``native`` (``python -m topo_attn.lm native``: one model trained per
-attention, compared with the SDPA-trained one under the same selectors), ``study``
+``corpus`` (the Python sources this machine has, split by a hash of each file's name), ``probe`` (the passkey
+probe: a key line copied from far back), ``training_copies`` (the copy content of training windows: the retrieval
+tasks in their training formats), ``evaluate`` (loss by position, bits per byte, passkey scores), ``train``
+(``python -m topo_attn.lm train``, with SDPA or the kit's sparse attention from the first step), ``native``
+(``python -m topo_attn.lm native``: one model trained per attention, compared with the SDPA-trained one under
+the same selectors), ``study``
 (``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
 selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
 passkey probe answered by ``generate()`` through the decode path), ``retrieval`` (RULER-style probes),

@@ -1,10 +1,11 @@
-"""Lines that can only be predicted by copying from far back: the passkey retrieval probe, and the same kind of
-line mixed into training documents so that the model learns to copy.
+"""The passkey retrieval probe: a line that can only be predicted by copying from far back.
 
 A **key line** is ``\\n<identifier> = "<value>"\\n`` with a random identifier (``[a-z]{3,8}_[a-z]{3,8}``) and a
-random value (hex digits in the probe; hex or letters and digits in training). Its value is unpredictable the
-first time; the second time the line appears, the value is a copy. The probe places the line once early in a
-held-out document and again near its end, at a given distance, and scores the bytes of the repeated value.
+random value of hex digits. Its value is unpredictable the first time; the second time the line appears, the
+value is a copy. The probe places the line once early in a held-out document and again near its end, at a
+given distance, and scores the bytes of the repeated value. (The copy content of training windows is
+:mod:`.training_copies`: the retrieval tasks of :mod:`.retrieval` in their training formats, of which this line is
+``single_needle``'s ``assign``.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import numpy as np
 from .._checks import check_int
 
 HEX = b"0123456789abcdef"
-ALNUM = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 LETTERS = b"abcdefghijklmnopqrstuvwxyz"
 
 
@@ -67,25 +67,3 @@ def passkey_document(document: np.ndarray, distance: int, rng: np.random.Generat
     ids = np.frombuffer(ids[:length], dtype=np.uint8).copy()
     return Passkey(ids, np.arange(second + at, second + at + value_len, dtype=np.int64), distance)
 
-
-def insert_copies(sequence: np.ndarray, rng: np.random.Generator, pairs: int, min_distance: int = 32) -> np.ndarray:
-    """``sequence`` (``uint8 [L]``) with ``pairs`` key lines each inserted twice, the second copy a uniform
-    random ``min_distance..L`` bytes after the first in the original's coordinates (the first placed so that
-    both fit; values of 8 to 24 hex or alphanumeric characters), cut back to ``L``. Copies pushed past the end
-    by earlier insertions are dropped with what follows them. For training documents."""
-    length = len(sequence)
-    pairs = check_int("pairs", pairs, 0)
-    inserts: list[tuple[int, bytes]] = []
-    for _ in range(pairs):
-        line, _ = key_line(rng, int(rng.integers(8, 25)), HEX if rng.random() < 0.5 else ALNUM)
-        gap = int(rng.integers(min_distance, max(min_distance + 1, length - len(line))))
-        start = int(rng.integers(0, max(1, length - gap - len(line))))
-        inserts += [(start, line), (start + gap, line)]
-    inserts.sort(key=lambda item: item[0])
-    body, out, cursor = sequence.tobytes(), [], 0
-    for position, line in inserts:
-        position = min(position, length)
-        out += [body[cursor:position], line]
-        cursor = position
-    out.append(body[cursor:])
-    return np.frombuffer(b"".join(out)[:length], dtype=np.uint8).copy()

@@ -4,13 +4,17 @@ A Llama-architecture model (transformers' ``LlamaForCausalLM``: RoPE, grouped-qu
 bytes (vocabulary 256, no special tokens), trained with dense attention (SDPA; or, with
 ``TrainSettings.attention``, the kit's sparse attention from the first step: :func:`use_attention`) on
 :mod:`.corpus`: random windows of ``context + 1`` bytes of the training files (packed in a seeded order of their
-contents, :func:`.corpus.packing_order`), a share of them with key lines copied from far back
-(:func:`.probe.insert_copies`) so that the model learns to retrieve. AdamW, linear warm-up then cosine
-decay to 10%, bfloat16 autocast on a GPU. Everything is seeded; the run writes, into its output folder, the
-checkpoint (``config.json``, ``model.safetensors`` in bfloat16), ``train_log.jsonl`` (one JSON line per logged
-step and evaluation), ``corpus_manifest.json.gz`` and ``eval_set.npz`` (the held-out documents, full context:
-consecutive windows of the deduplicated validation files, :func:`.corpus.split_corpus`; the one-window-per-file
-set of :func:`.corpus.build_eval_set` is written by ``python -m topo_attn.lm corpus --out``).
+contents, :func:`.corpus.packing_order`). A share ``copy_fraction`` of the windows get copy content
+(:func:`.training_copies.copy_window`): 1 to ``max_copies`` probes of the retrieval tasks of :mod:`.retrieval`
+(a needle among decoys, an ordinary assignment, multi-key, multi-value, variable tracking) in their **training**
+formats only, built into the window's own text, so that the model learns to copy and retrieve across distance;
+the held-out formats stay for the evaluation (``python -m topo_attn.lm retrieval``). AdamW, linear warm-up then
+cosine decay to 10%, bfloat16 autocast on a GPU. Everything is seeded; the run writes, into its output folder,
+the checkpoint (``config.json``, ``model.safetensors`` in bfloat16), ``train_log.jsonl`` (one JSON line per
+logged step and evaluation), ``corpus_manifest.json.gz`` and the evaluation set of
+:func:`.corpus.build_eval_set` (``eval_set.npz`` and ``eval_set.json``, :func:`.corpus.save_eval_set`): one
+window of ``context`` bytes per deduplicated validation file, ``eval_documents`` files of at least
+:func:`eval_packages` packages and the standard library, with its file list.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +34,11 @@ import torch
 
 from .._checks import check_int, check_kernel_block_size
 from ..cli import progress_enabled
-from .corpus import documents, find_sources, manifest, pack, split_corpus
+from .corpus import (EVAL_FILES, MIN_PACKAGES, SEPARATOR, build_eval_set, find_sources, manifest, pack,
+                     save_eval_set)
 from .evaluate import bits_per_byte, passkey_scores, token_losses
-from .probe import insert_copies, passkey_document
+from .probe import passkey_document
+from .training_copies import copy_window
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,19 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """What a training run does (its defaults are the committed model's). ``steps``: the length of the
-    learning-rate schedule; ``stop_after``: stop after this many steps all the same (None: run them all);
-    ``max_minutes``: stop after the first step that ends past this training time (the committed model was
-    trained with ``steps=4000, max_minutes=6.3`` and stopped after 3358 steps; ``stop_after=3358`` repeats
-    that run without the clock).
+    """What a training run does. Its defaults are the committed model's schedule and sizes; its copy content
+    and evaluation set have changed since (issue 41: retrieval tasks in training formats, the per-file set), so
+    the committed model (``data/lm``) predates them. ``steps``: the length of the learning-rate schedule;
+    ``stop_after``: stop after this many steps all the same (None: run them all); ``max_minutes``: stop after
+    the first step that ends past this training time (the committed model was trained with ``steps=4000,
+    max_minutes=6.3`` and stopped after 3358 steps; ``stop_after=3358`` repeats that length without the clock).
+
+    Copy content (:func:`training_batch`): ``copy_fraction``, a number in [0, 1], is the share of training
+    windows that get copy content (:func:`.training_copies.copy_window`: retrieval probes in the training
+    formats of every task of :mod:`.retrieval`); each such window holds 1 to ``max_copies`` (at least 1) of
+    them, the number drawn uniformly. ``eval_documents``: the documents of the evaluation set, one per
+    validation file (:func:`eval_packages` says how many packages they must span; default
+    :data:`.corpus.EVAL_FILES`).
 
     Native sparse training: ``attention`` is one of :data:`ATTENTIONS`: ``"sdpa"`` (the default, torch's SDPA,
     as the committed model was trained), ``"dense"`` (the kit's kernels over every causal block) or a selector
@@ -72,9 +87,9 @@ class TrainSettings:
     warmup: int = 100
     weight_decay: float = 0.1
     copy_fraction: float = 0.5
-    max_pairs: int = 4
+    max_copies: int = 4
     eval_every: int = 500
-    eval_documents: int = 64
+    eval_documents: int = EVAL_FILES
     log_every: int = 25
     seed: int = 0
     max_minutes: float | None = None
@@ -116,17 +131,27 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
 
 
 def training_batch(stream: np.ndarray, settings: TrainSettings, rng: np.random.Generator) -> torch.Tensor:
-    """``[batch, context + 1]`` int64: random windows of ``stream``, each with key-line pairs
-    (1..``max_pairs``) copied in with probability ``copy_fraction``."""
+    """``[batch, context + 1]`` int64: random windows of ``stream`` (``uint8``, longer than ``context + 1``),
+    each, with probability ``copy_fraction``, replaced by a window of copy content
+    (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes) built into the ``2 * (context + 1)``
+    bytes of ``stream`` from the same start (fewer at the stream's end). Everything is drawn from ``rng``."""
     length = settings.context + 1
     starts = rng.integers(0, len(stream) - length, settings.batch)
     rows = []
     for start in starts:
         row = stream[start:start + length]
         if rng.random() < settings.copy_fraction:
-            row = insert_copies(row, rng, int(rng.integers(1, settings.max_pairs + 1)))
+            copies = int(rng.integers(1, settings.max_copies + 1))
+            row = copy_window(stream[start:start + 2 * length], length, rng, copies).ids
         rows.append(row)
     return torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+def eval_packages(eval_documents: int) -> int:
+    """The packages besides the standard library that ``train``'s evaluation set of ``eval_documents``
+    documents must span: :data:`.corpus.MIN_PACKAGES` (20), or ``eval_documents - 1`` for fewer than 21
+    documents (then every document but the standard library's comes from a package of its own)."""
+    return min(MIN_PACKAGES, check_int("eval_documents", eval_documents, 1) - 1)
 
 
 def probe_set(eval_docs: np.ndarray, distances: list[int], per_distance: int, seed: int) -> list:
@@ -165,10 +190,11 @@ def _log(path: Path, record: dict) -> None:
 
 
 def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
-    """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1, a
-    context too short for the passkey probe, an attention outside :data:`ATTENTIONS`, a block size that is not
-    a power of two >= 16, negative sinks, window or budget, a budget given to an attention that adds no blocks.
-    ``label(field)`` is how a message names a field (e.g. its command-line option)."""
+    """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1
+    (``max_copies`` included), a context too short for the passkey probe, a ``copy_fraction`` that is not a
+    number in [0, 1], an attention outside :data:`ATTENTIONS`, a block size that is not a power of two >= 16,
+    negative sinks, window or budget, a budget given to an attention that adds no blocks. ``label(field)`` is
+    how a message names a field (e.g. its command-line option)."""
     for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
         check_int(label(name), getattr(settings, name), 1)
     try:
@@ -177,6 +203,13 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
         raise ValueError(str(error).replace("context", label("context"), 1)) from error
     if settings.stop_after is not None:
         check_int(label("stop_after"), settings.stop_after, 1)
+    check_int(label("max_copies"), settings.max_copies, 1)
+    fraction = settings.copy_fraction
+    if isinstance(fraction, bool) or not isinstance(fraction, Real):
+        raise TypeError(f"{label('copy_fraction')} must be a number in [0, 1], got {type(fraction).__name__}")
+    if not 0 <= fraction <= 1:  # (NaN fails too)
+        raise ValueError(f"{label('copy_fraction')} must be in [0, 1] (the share of windows with copy content), "
+                         f"got {fraction}")
     check_attention(settings, label)
 
 
@@ -273,8 +306,13 @@ OPTION_HELP = {
     "block_size": "tokens per block of the kit's attention (a power of two >= 16)",
     "sinks": "sink blocks every query block visits (the kit's attention)",
     "window": "blocks before the diagonal every query block visits (the kit's attention)",
+    "copy_fraction": "share of training windows with copy content: retrieval probes in the training formats "
+                     "of every task (0 to 1; default %(default)s)",
+    "max_copies": "the most retrieval probes in a window with copy content (1 to this many; default %(default)s)",
+    "eval_documents": "documents of the evaluation set, one window per validation file (default %(default)s)",
 }
-"""The help of the command-line options of the attention fields of :class:`TrainSettings`."""
+"""The help of the command-line options of the attention, copy-content and evaluation-set fields of
+:class:`TrainSettings`."""
 
 
 def add_arguments(parser, skip: tuple[str, ...] = ()) -> None:
@@ -342,36 +380,50 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     summed over every layer call until the end of training, validations between steps included; None for
     ``sdpa``).
 
+    The evaluation set (``eval_set.npz`` with its file list, and ``eval_set.json``) is
+    :func:`.corpus.build_eval_set`'s for ``context`` bytes, ``eval_documents`` files, :func:`eval_packages`
+    packages and ``seed``; its documents are the held-out documents validated on (the first 16) and probed. A
+    corpus that cannot give it (too few validation files of at least ``context`` bytes, too few packages, no
+    standard-library file: a tiny corpus) is an error raised before anything is written; there is no fallback
+    to consecutive windows.
+
     Raises:
-        ValueError: a setting out of range, or a corpus too small for one window.
+        ValueError: a setting out of range, or a corpus that cannot give the evaluation set (the message says
+            what it has) or one training window.
     """
     from tqdm.auto import tqdm
     from transformers import LlamaForCausalLM
 
     check_settings(settings)
+    started = time.perf_counter()
+    try:  # before anything is written: a corpus that cannot give the evaluation set fails here
+        eval_set = build_eval_set(find_sources(roots), settings.context, settings.eval_documents,
+                                  eval_packages(settings.eval_documents), settings.seed)
+    except ValueError as error:
+        raise ValueError(f"eval_documents={settings.eval_documents} documents of context={settings.context} bytes: "
+                         f"{error}") from error
+    split = eval_set.split  # validation deduplicated against training
+    train_files, validation_files = split.train, split.validation
+    train_bytes = sum(f.size + len(SEPARATOR) for f in train_files)  # the packed stream's length
+    if train_bytes <= settings.context + 1:
+        raise ValueError(f"the training files hold {train_bytes} bytes, fewer than one training window of "
+                         f"context + 1 = {settings.context + 1}; use a larger corpus or a shorter context")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "train_log.jsonl"
     log_path.write_text("")
-
-    started = time.perf_counter()
-    split = split_corpus(find_sources(roots))  # validation deduplicated against training
-    train_files, validation_files = split.train, split.validation
     with gzip.open(out / "corpus_manifest.json.gz", "wt") as f:
         json.dump(manifest(train_files, validation_files, split.duplicates), f, indent=1)
+    save_eval_set(eval_set, out)
+    eval_docs = eval_set.documents
     stream = pack(train_files, seed=settings.seed)
-    held_out = pack(validation_files)
-    if len(held_out) < settings.context:
-        raise ValueError(f"the validation files hold {len(held_out)} bytes, fewer than one evaluation document of "
-                         f"context={settings.context} bytes; use a larger corpus or a shorter context")
-    eval_docs = documents(held_out, settings.context, min(settings.eval_documents, len(held_out) // settings.context))
-    np.savez_compressed(out / "eval_set.npz", documents=eval_docs)
     _log(log_path, dict(event="corpus", train_files=len(train_files), train_bytes=int(len(stream)),
                         validation_files=len(validation_files), duplicate_files=len(split.duplicates),
-                        eval_documents=len(eval_docs),
+                        eval_documents=len(eval_docs), eval_set=eval_set.summary(),
                         seconds=time.perf_counter() - started, settings=asdict(settings), shape=asdict(shape)))
     print(f"corpus: {len(train_files)} train files ({len(stream) / 1e6:.0f} MB), {len(validation_files)} "
-          f"validation files, {len(eval_docs)} held-out documents of {settings.context} bytes", file=sys.stderr)
+          f"validation files, {len(eval_docs)} held-out documents of {settings.context} bytes (one per file, "
+          f"{len(set(eval_set.packages))} packages with the standard library)", file=sys.stderr)
 
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)

@@ -1,0 +1,186 @@
+"""The copy content of training windows (topo_attn.lm.training_copies) and the batches that carry it
+(topo_attn.lm.train.training_batch): only the training formats of the retrieval tasks, never a held-out format's
+syntax (patterns written here by hand, independent of the module's templates), every task and training format
+drawn, each answer a copy of the text ``distance`` bytes earlier, seeded, and clear argument errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import write_corpus
+
+from topo_attn.lm import corpus, retrieval, train
+from topo_attn.lm.train import TrainSettings
+from topo_attn.lm.training_copies import MIN_SEGMENT, copy_window, segment_lengths, training_options
+
+NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+HELD_OUT_SYNTAX = {
+    "dict": rf'config\["{NAME}"\]: ',
+    "arrow": rf"# {NAME} (->|=>) ",
+    "attribute": rf"self\.{NAME} = |assert self\.{NAME} == ",
+    "annotated": rf"{NAME}: int = |print\({NAME}\)  # ",
+    "js": rf"let {NAME} = |console\.assert\({NAME} === ",
+    "go": rf"{NAME} := |fmt\.Println\({NAME}\)  // ",
+}
+"""What a line or question of each held-out format looks like (by hand, from the issue's formats)."""
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory) -> np.ndarray:
+    """Python-like training text (tests/helpers.write_corpus packed as train() packs it): no held-out syntax."""
+    root = tmp_path_factory.mktemp("copies") / "lib"
+    write_corpus(root, 400)
+    data = corpus.pack(corpus.find_sources([("stdlib", root)]), seed=0)
+    for name, pattern in HELD_OUT_SYNTAX.items():  # a precondition: the filler itself is clean
+        assert not re.search(pattern.encode(), data.tobytes()), name
+    return data
+
+
+def windows(stream: np.ndarray, count: int, length: int, copies: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        start = int(rng.integers(0, len(stream) - 2 * length))
+        yield copy_window(stream[start:start + 2 * length], length, rng, copies)
+
+
+@pytest.fixture(scope="module")
+def drawn(stream):
+    return list(windows(stream, 120, 2049, 4)) + list(windows(stream, 20, 8193, 2, seed=1))
+
+
+def test_held_out_syntax_is_recognised():
+    """The hand-written patterns cover every held-out format and match its probes, so the test below can fail."""
+    held_out = {name for task in retrieval.TASKS for name in retrieval.held_out_formats(task)}
+    assert set(HELD_OUT_SYNTAX) == held_out
+    filler = b"".join(f"def f{i}(x):\n    return x + {i}\n\n".encode() for i in range(200))
+    for task in retrieval.TASKS:
+        options = dict(budget=2, block_size=16) if task == "single_needle" else {}
+        for name in retrieval.held_out_formats(task):
+            probe = retrieval.TASKS[task](filler, 300, 1500, 0, name, **options)
+            assert re.search(HELD_OUT_SYNTAX[name].encode(), probe.ids.tobytes()), (task, name)
+        for name in retrieval.training_formats(task):  # and no training probe looks held out
+            probe = retrieval.TASKS[task](filler, 300, 1500, 0, name, **options)
+            text = probe.ids.tobytes()
+            assert not any(re.search(p.encode(), text) for p in HELD_OUT_SYNTAX.values()), (task, name)
+
+
+def test_copy_content_uses_only_training_formats_and_never_held_out_syntax(drawn):
+    seen = set()
+    for window in drawn:
+        text = window.ids.tobytes()
+        for name, pattern in HELD_OUT_SYNTAX.items():
+            assert not re.search(pattern.encode(), text), f"held-out format {name} in a training window"
+        for probe in window.probes:
+            assert probe.format in retrieval.training_formats(probe.task), (probe.task, probe.format)
+            seen.add((probe.task, probe.format))
+    # every training format of every task is drawn
+    assert seen == {(task, name) for task in retrieval.TASKS for name in retrieval.training_formats(task)}
+
+
+def test_the_answer_is_a_copy_at_the_stated_distance(drawn):
+    for window in drawn:
+        assert window.ids.dtype == np.uint8 and window.ids.shape in ((2049,), (8193,))
+        assert len(window.probes) >= 1 and len(window.offsets) == len(window.probes)
+        ends = 0
+        for probe, offset in zip(window.probes, window.offsets.tolist()):
+            assert offset >= ends  # segments in order, not overlapping
+            ends = offset + len(probe.ids)
+            assert np.array_equal(window.ids[offset:ends], probe.ids)  # the probe sits there whole
+            targets = offset + probe.targets
+            answer = window.ids[targets].tobytes()
+            assert answer == probe.answer and targets[-1] < len(window.ids)
+            fmt = retrieval.FORMATS[probe.task][probe.format]
+            first = answer.split(fmt.sep.encode())[0] if probe.task == "multi_value" else answer
+            back = int(targets[0]) - probe.distance
+            assert back >= offset  # earlier in the window, within the probe's segment
+            assert window.ids[back:back + len(first)].tobytes() == first, (probe.task, probe.format)
+            needle = offset + probe.needles[0]
+            assert needle[0] <= back < needle[1]  # ... inside the needle line
+    distances = [p.distance for w in drawn for p in w.probes]
+    assert min(distances) < 256 and max(distances) > 6000  # short and long reaches
+
+
+def test_seeded(stream):
+    a = list(windows(stream, 5, 4097, 3, seed=7))
+    b = list(windows(stream, 5, 4097, 3, seed=7))
+    c = list(windows(stream, 5, 4097, 3, seed=8))
+    assert all(np.array_equal(x.ids, y.ids) and np.array_equal(x.offsets, y.offsets) for x, y in zip(a, b))
+    assert [(p.task, p.format, p.distance) for w in a for p in w.probes] == \
+        [(p.task, p.format, p.distance) for w in b for p in w.probes]
+    assert not all(np.array_equal(x.ids, y.ids) for x, y in zip(a, c))
+
+
+def test_segments_and_options():
+    rng = np.random.default_rng(0)
+    for length, copies in ((8193, 4), (1000, 4), (600, 3), (257, 4), (100, 2), (5000, 1)):
+        lengths = segment_lengths(length, copies, rng)
+        assert lengths.sum() == length and len(lengths) == min(copies, max(1, length // MIN_SEGMENT))
+        assert len(lengths) == 1 or lengths.min() >= MIN_SEGMENT
+    big = [training_options("single_needle", 8193, rng) for _ in range(200)]
+    assert max(o["decoys"] for o in big) == 32 and all(o["budget"] == o["decoys"] - 1 for o in big)
+    assert max(training_options("single_needle", 300, rng)["decoys"] for _ in range(50)) == 1
+    assert {training_options("multi_key", 8193, rng)["keys"] for _ in range(300)} == set(range(2, 17))
+
+
+def test_a_segment_too_short_for_any_probe_stays_plain(stream):
+    window = copy_window(stream[:40], 20, np.random.default_rng(0))
+    assert window.probes == () and window.ids.tobytes() == stream[:20].tobytes()
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda s: copy_window(list(s[:100]), 50, np.random.default_rng(0)), TypeError, "filler must be a uint8"),
+    (lambda s: copy_window(s[:100].astype(np.int64), 50, np.random.default_rng(0)), TypeError, "filler must be"),
+    (lambda s: copy_window(s[:100].reshape(10, 10), 50, np.random.default_rng(0)), ValueError, "one-dimensional"),
+    (lambda s: copy_window(s[:100], 200, np.random.default_rng(0)), ValueError, "at least length=200"),
+    (lambda s: copy_window(s[:100], 0, np.random.default_rng(0)), ValueError, "length must be >= 1"),
+    (lambda s: copy_window(s[:100], 50, np.random.default_rng(0), 0), ValueError, "copies must be >= 1"),
+    (lambda s: copy_window(s[:100], 50, np.random.default_rng(0), 1.5), TypeError, "copies must be an int"),
+    (lambda s: training_options("passkey", 100, np.random.default_rng(0)), ValueError, "task must be one of"),
+])
+def test_errors_name_the_argument(stream, call, error, text):
+    with pytest.raises(error, match=text):
+        call(stream)
+
+
+# ---------------------------------------------------------------------------------------- training batches
+def test_training_batch_windows_and_copy_share(stream):
+    text = stream.tobytes()
+    plain = TrainSettings(context=512, batch=6, copy_fraction=0.0)
+    batch = train.training_batch(stream, plain, np.random.default_rng(1))
+    assert batch.shape == (6, 513) and batch.dtype == torch.int64
+    for row in batch.numpy().astype(np.uint8):  # each row a window of the stream
+        assert row.tobytes() in text
+    assert torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(1)))
+    assert not torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(2)))
+    every = TrainSettings(context=512, batch=6, copy_fraction=1.0, max_copies=2)
+    batch = train.training_batch(stream, every, np.random.default_rng(3))
+    assert batch.shape == (6, 513) and int(batch.min()) >= 0 and int(batch.max()) < 256
+    assert all(row.tobytes() not in text for row in batch.numpy().astype(np.uint8))
+    assert torch.equal(batch, train.training_batch(stream, every, np.random.default_rng(3)))
+    # the share: about copy_fraction of the rows carry copy content
+    half = TrainSettings(context=256, batch=200, copy_fraction=0.5)
+    rows = train.training_batch(stream, half, np.random.default_rng(4)).numpy().astype(np.uint8)
+    changed = sum(row.tobytes() not in text for row in rows)
+    assert 70 <= changed <= 130
+
+
+@pytest.mark.parametrize("bad, error, text", [
+    (dict(copy_fraction=-0.1), ValueError, r"copy_fraction must be in \[0, 1\].*got -0.1"),
+    (dict(copy_fraction=1.5), ValueError, r"copy_fraction must be in \[0, 1\]"),
+    (dict(copy_fraction=float("nan")), ValueError, r"copy_fraction must be in \[0, 1\]"),
+    (dict(copy_fraction="0.5"), TypeError, "copy_fraction must be a number"),
+    (dict(copy_fraction=True), TypeError, "copy_fraction must be a number"),
+    (dict(max_copies=0), ValueError, "max_copies must be >= 1"),
+    (dict(max_copies=2.0), TypeError, "max_copies must be an int"),
+])
+def test_copy_settings_are_checked(bad, error, text):
+    with pytest.raises(error, match=text):
+        train.check_settings(dataclasses.replace(TrainSettings(), **bad))
+    with pytest.raises(error, match=text.replace(next(iter(bad)), train.option(next(iter(bad))))):
+        train.check_settings(dataclasses.replace(TrainSettings(), **bad), train.option)
+    for good in (0.0, 0.25, 1, 1.0):
+        train.check_settings(TrainSettings(copy_fraction=good))

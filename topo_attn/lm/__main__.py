@@ -1,9 +1,9 @@
-"""``python -m topo_attn.lm train|native|evaluate|research|passkey|corpus|retrieval``: train the kit's byte-level
-language model (with SDPA or, ``--attention``, the kit's sparse attention from the first step), train one model per
-attention and compare them (native sparse training), evaluate a causal LM with every selector, try the
+"""``python -m topo_attn.lm train|native|evaluate|research|passkey|corpus|retrieval|eviction``: train the kit's
+byte-level language model (with SDPA or, ``--attention``, the kit's sparse attention from the first step), train one
+model per attention and compare them (native sparse training), evaluate a causal LM with every selector, try the
 topology-aware research selectors, answer the passkey probe by generation through the decode path, build the
-evaluation set and check a machine's files against a corpus manifest, or score the RULER-style retrieval suite
-(see :mod:`topo_attn.lm`)."""
+evaluation set and check a machine's files against a corpus manifest, score the RULER-style retrieval suite, or
+measure KV-cache eviction policies (see :mod:`topo_attn.lm`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from .corpus import parse_roots
 
 PROG = "python -m topo_attn.lm"
 SUBCOMMANDS = {"native": "native", "evaluate": "study", "research": "research", "passkey": "generation",
-               "corpus": "corpus", "retrieval": "retrieval_runner"}
+               "corpus": "corpus", "retrieval": "retrieval_runner", "eviction": "eviction_runner"}
 """The subcommands whose modules (of :mod:`topo_attn.lm`) parse their own command line (``build_parser``,
 ``main``)."""
 
@@ -35,7 +35,7 @@ option = training.option
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line, each subcommand with its real arguments (those of ``native``, ``evaluate``,
-    ``research``, ``passkey``, ``corpus`` and ``retrieval`` from their modules' parsers)."""
+    ``research``, ``passkey``, ``corpus``, ``retrieval`` and ``eviction`` from their modules' parsers)."""
     parser = cli.ArgumentParser(prog=PROG, description=__doc__)
     cli.add_debug_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
              "passkey": "the passkey probe answered by generate() through the decode path",
              "corpus": "build the evaluation set (--out) or check this machine's files against a manifest (--check)",
              "retrieval": "the RULER-style retrieval suite per task and distance, with 95%% intervals, without "
-                          "look-ahead"}
+                          "look-ahead",
+             "eviction": "KV-cache eviction policies at a fixed budget of blocks: perplexity of the continuation, "
+                         "retrieval and memory"}
     for name in SUBCOMMANDS:
         module = subcommand_module(name)
         commands.add_parser(name, parents=[module.build_parser(add_help=False)], help=helps[name],
@@ -77,8 +79,8 @@ def check_train_args(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (``sys.argv[1:]`` when None): ``native``, ``evaluate``, ``research``, ``passkey``,
-    ``corpus`` and ``retrieval`` go to their modules' ``main`` with the rest of ``argv``; ``train`` trains here.
-    Returns 0; raises :class:`~topo_attn.cli.UsageError` for a bad value."""
+    ``corpus``, ``retrieval`` and ``eviction`` go to their modules' ``main`` with the rest of ``argv``; ``train``
+    trains here. Returns 0; raises :class:`~topo_attn.cli.UsageError` for a bad value."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] and argv[0] in SUBCOMMANDS:
         triton_mode()  # without a GPU, the kit's kernels run in Triton's interpreter (set before triton loads)

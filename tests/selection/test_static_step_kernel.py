@@ -81,6 +81,30 @@ def test_many_blocks_several_tiles(selector, device):
     compare_paths(selector, q, stats, 1, 2, 200, lengths=(13, 600))  # budget beyond the candidates
 
 
+@pytest.mark.parametrize("selector", ["centroid", "quest"])
+@pytest.mark.parametrize("chunk", [4, 32])
+def test_the_split_ranking_merges_many_programs(selector, chunk, device):
+    """The query-aware scores ranked by several programs per lane (``chunk`` candidates each, so up to 38 splits
+    of 150 blocks, budgets below, at and above a split's size), the last to finish merging: the torch path's
+    rows, the one-program kernel's rows slot for slot, and the counters zero after every launch."""
+    keys = _dyadic((2, 2, 600, 16), seed=chunk).to(device)
+    q = _dyadic((2, 4, 1, 16), seed=chunk + 1).to(device)
+    stats = _stats(keys, block_size=4)
+    first, second = kernel.score_operands(selector, stats.centroids, stats.lo, stats.hi, stats.salience)
+    counters = torch.zeros(4, dtype=torch.int32, device=device)
+    for sinks, window, budget in [(1, 1, 9), (0, 0, 1), (2, 1, 40)]:
+        for n in (5, 257, 600):
+            length = torch.tensor([n], device=device)
+            args = (q, first, second, length, selector, 4, sinks, window, budget)
+            split = kernel.static_step_table(*args, counters=counters, chunk=chunk)
+            assert not counters.any(), f"counters left at {counters.tolist()}"
+            one = kernel.static_step_table(*args)
+            context = f"{selector} chunk {chunk} length {n} (sinks, window, budget) = {(sinks, window, budget)}"
+            assert torch.equal(split, one), f"{context}\n{split}\n{one}"
+            want = step_block_table(selector, q, stats, length, sinks, window, budget, fused=False)
+            assert_same_table(split, want, sinks, window, context)
+
+
 def _pairs(keys: torch.Tensor, block_size: int = BS) -> torch.Tensor:
     """``keys`` with block ``2k + 1`` a copy of block ``2k``: every score comes twice."""
     blocks = keys.unflatten(2, (-1, block_size)).clone()
@@ -213,9 +237,9 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list:
     calls = []
     real = kernel.static_step_table
 
-    def recorded(*args):
+    def recorded(*args, **kwargs):
         calls.append(args[4])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(kernel, "static_step_table", recorded)
     return calls

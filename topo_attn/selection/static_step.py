@@ -53,7 +53,8 @@ class StaticBlockStats:
     :class:`~topo_attn.selection.incremental.KeyBlockStats`), ``nb_max = ceil(S_max / block_size)``; ``salience``,
     ``[B, H_kv, nb_max]`` in ``dtype`` when asked for (else None), ``topology``'s kept salience: each complete
     block's bar under :mod:`.kept_salience`'s rule (block 0: ``inf``), set when the block completes and shortened
-    when later ones complete.
+    when later ones complete; ``counters``, int32 ``[B * H_kv]`` zeros, the step kernel's split ranking's
+    counts (every launch leaves them zero).
 
     A block is as fresh as the last :meth:`update` that touched it: complete blocks hold their statistics, the
     block being filled its partial ones (its keys so far), later blocks anything (zeros, or what an earlier
@@ -88,6 +89,7 @@ class StaticBlockStats:
         shape = (batch, kv_heads, num_blocks(self.max_len, self.block_size), head_dim)
         self.centroids, self.lo, self.hi = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(3))
         self.salience = torch.zeros(shape[:-1], dtype=dtype, device=device) if salience else None
+        self.counters = torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
         self.kept_tables: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def kept_table(self, sinks: int, window: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +274,8 @@ def step_block_table(selector: str, q: torch.Tensor, stats: StaticBlockStats, le
 
         score = FUSED_SCORES[selector]
         first, second = score_operands(score, stats.centroids, stats.lo, stats.hi, stats.salience)
-        return static_step_table_op(q, first, second, length, score, stats.block_size, sinks, window, budget)
+        return static_step_table_op(q, first, second, length, stats.counters, score, stats.block_size, sinks,
+                                    window, budget)
     bs, nb, device = stats.block_size, stats.num_blocks, stats.lo.device
     batch, kv_heads = stats.lo.shape[:2]
     length = length.reshape(()).to(torch.int64)
@@ -328,7 +331,8 @@ def decode_step_table(selector: str, q: torch.Tensor, keys: torch.Tensor, stats:
         kept = stats.kept_tables.get((sinks, window, budget)) if score == "salience" else None
         kept, last = kept if kept is not None else (None, None)
         return static_step_update_table_op(q, keys.detach(), stats.centroids, stats.lo, stats.hi, stats.salience,
-                                           kept, last, length, score, stats.block_size, sinks, window, budget)
+                                           kept, last, stats.counters, length, score, stats.block_size, sinks,
+                                           window, budget)
     stats.update(keys, length.reshape(()) - 1, 1)
     return step_block_table(selector, q, stats, length, sinks, window, budget, fused)
 

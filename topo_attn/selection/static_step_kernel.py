@@ -111,6 +111,57 @@ def _update_block(
 
 
 @triton.jit
+def _order_keys(
+    Q, First, Second, batch, kv_head, kb, end, nb,
+    stride_qb, stride_qh, stride_qd, stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
+    SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    INDEX_BITS: tl.constexpr,
+):
+    """The order keys ``[BLOCK_N]`` int64 of lane ``(batch, kv_head)``'s blocks ``kb`` (those ``< end`` are
+    read; the others' keys are garbage): the block's float32 score (``salience``: the kept salience, column 0 of
+    ``First``; ``quest``: the group's largest ``relu(q) . hi + min(q, 0) . lo``, ``hi`` in ``First``, ``lo`` in
+    ``Second``; ``centroid``: the group's mean query ``. centroid``, in ``First``) as its order-preserving bits
+    (-0.0 as 0.0) above the reversed block index ``nb - 1 - kb``, so that equal scores go to the lower block."""
+    d = tl.arange(0, HEAD_DIM)
+    q_base = Q + batch.to(tl.int64) * stride_qb + (kv_head * GROUP).to(tl.int64) * stride_qh
+    stat_base = batch.to(tl.int64) * stride_sb + kv_head.to(tl.int64) * stride_sh
+    at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
+    inside = (kb[:, None] < end) & (d[None, :] < head_dim)
+    if SCORE == "salience":  # the kept salience is the score
+        score = tl.load(First + stat_base + kb.to(tl.int64) * stride_sn, mask=kb < end, other=0.0)
+    elif SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
+        first = tl.load(First + at, mask=inside, other=0.0)
+        second = tl.load(Second + at, mask=inside, other=0.0)
+        score = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        for g in range(GROUP):
+            q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0).to(tl.float32)
+            bound = (tl.sum(tl.maximum(q, 0.0)[None, :] * first, axis=1)
+                     + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
+            score = tl.maximum(score, bound)
+    else:  # centroid: the group's mean query . the centroid in First
+        first = tl.load(First + at, mask=inside, other=0.0)
+        total = tl.zeros([HEAD_DIM], tl.float32)
+        for g in range(GROUP):
+            total += tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0).to(tl.float32)
+        score = tl.sum((total / GROUP)[None, :] * first, axis=1)
+    bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    return (ordered << INDEX_BITS) + (nb - 1 - kb)
+
+
+@triton.jit
+def _rank(keys, Source, first, stop, NO_KEY: tl.constexpr, TILE: tl.constexpr):
+    """For each of ``keys`` (int64, distinct where they matter), how many of ``Source[first:stop]`` are larger,
+    ``TILE`` of them at a time (read from L2: others' writes are seen)."""
+    rank = tl.zeros(keys.shape, tl.int32)
+    for start in range(first, stop, TILE):
+        j = start + tl.arange(0, TILE)
+        other = tl.load(Source + j, mask=j < stop, other=NO_KEY, cache_modifier=".cg")
+        rank += tl.sum((other[None, :] > keys[:, None]).to(tl.int32), axis=1)
+    return rank
+
+
+@triton.jit
 def _step_table_kernel(
     Q, First, Second, Length, Keys, Out,
     nb, kv_heads, block_size, sinks, window, take, width,
@@ -162,37 +213,12 @@ def _step_table_kernel(
     if SCORE != "none":
         if compute:
             # -- every candidate's order key to the workspace, BLOCK_N blocks at a time
-            d = tl.arange(0, HEAD_DIM)
-            q_base = Q + batch.to(tl.int64) * stride_qb + (kv_head * GROUP).to(tl.int64) * stride_qh
-            stat_base = batch.to(tl.int64) * stride_sb + kv_head.to(tl.int64) * stride_sh
             key_base = Keys + lane.to(tl.int64) * nb
             for start in range(sinks, end, BLOCK_N):
                 kb = start + tl.arange(0, BLOCK_N)
-                at = stat_base + kb[:, None].to(tl.int64) * stride_sn + d[None, :] * stride_sd
-                inside = (kb[:, None] < end) & (d[None, :] < head_dim)
-                if SCORE == "salience":  # the kept salience is the score
-                    score = tl.load(First + stat_base + kb.to(tl.int64) * stride_sn, mask=kb < end, other=0.0)
-                elif SCORE == "quest":  # the group's largest page bound, hi in First, lo in Second
-                    first = tl.load(First + at, mask=inside, other=0.0)
-                    second = tl.load(Second + at, mask=inside, other=0.0)
-                    score = tl.full([BLOCK_N], float("-inf"), tl.float32)
-                    for g in range(GROUP):
-                        q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
-                        q = q.to(tl.float32)
-                        bound = (tl.sum(tl.maximum(q, 0.0)[None, :] * first, axis=1)
-                                 + tl.sum(tl.minimum(q, 0.0)[None, :] * second, axis=1))
-                        score = tl.maximum(score, bound)
-                else:  # centroid: the group's mean query . the centroid in First
-                    first = tl.load(First + at, mask=inside, other=0.0)
-                    total = tl.zeros([HEAD_DIM], tl.float32)
-                    for g in range(GROUP):
-                        q = tl.load(q_base + g * stride_qh + d * stride_qd, mask=d < head_dim, other=0.0)
-                        total += q.to(tl.float32)
-                    score = tl.sum((total / GROUP)[None, :] * first, axis=1)
-                # order key: float order as signed int order (-0.0 is 0.0), above the reversed block index
-                bits = tl.where(score == 0.0, 0.0, score).to(tl.int32, bitcast=True)
-                ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
-                key = (ordered << INDEX_BITS) + (nb - 1 - kb)
+                key = _order_keys(Q, First, Second, batch, kv_head, kb, end, nb, stride_qb, stride_qh, stride_qd,
+                                  stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
+                                  SCORE, GROUP, BLOCK_N, HEAD_DIM, INDEX_BITS)
                 tl.store(key_base + kb, key, mask=kb < end)
             tl.debug_barrier()  # the row is read back by other threads of the program
             # -- the budget: `take` rounds of the largest key (each key is unique: its index breaks ties)
@@ -212,9 +238,98 @@ def _step_table_kernel(
     tl.store(Out + lane.to(tl.int64) * width + slot, row.to(tl.int32), mask=slot < width)
 
 
+@triton.jit
+def _split_table_kernel(
+    Q, First, Second, Length, Keys, Partial, Counters, Out,
+    nb, kv_heads, block_size, sinks, window, take, width, splits,
+    stride_qb, stride_qh, stride_qd,
+    stride_sb, stride_sh, stride_sn, stride_sd,
+    head_dim,
+    Cache, Centroids, Lo, Hi, Salience,
+    stride_cb, stride_ch, stride_cs, stride_cd,
+    stride_tb, stride_th, stride_tn, stride_td,
+    stride_ab, stride_ah, stride_an,
+    SCORE: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, ROW_PAD: tl.constexpr, TAKE_LOCAL: tl.constexpr, MERGE_PAD: tl.constexpr,
+    LOCAL_TILE: tl.constexpr, MERGE_TILE: tl.constexpr, NO_KEY: tl.constexpr, INDEX_BITS: tl.constexpr,
+    UPDATE: tl.constexpr, SALIENCE: tl.constexpr, BS_PAD: tl.constexpr,
+):
+    """Grid ``(B * H_kv, splits)``: split ``s`` of lane ``(b, kv_head)`` ranks the candidates
+    ``sinks + s * CHUNK <= kb < sinks + (s + 1) * CHUNK`` (those below ``end``), and the lane's last split to
+    finish merges every split's best into the table row. For the query-aware scores (``quest``, ``centroid``).
+
+    Arguments as :func:`_step_table_kernel`'s, and: ``Partial`` int64 ``[B * H_kv, splits, TAKE_LOCAL]``
+    (each split's best keys, best first, then ``NO_KEY``); ``Counters`` int32 ``[B * H_kv]``, zero before the
+    launch and left zero. With ``UPDATE``, split 0 writes the statistics of the step's block (the query's block:
+    never a candidate) and, with ``SALIENCE``, the kept salience's update (which these scores do not read), so
+    no other split reads what it writes."""
+    lane = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = lane // kv_heads
+    kv_head = lane % kv_heads
+    length = tl.load(Length).to(tl.int64)
+    if UPDATE:
+        if split == 0:
+            _update_block(Cache, Centroids, Lo, Hi, Salience, batch, kv_head, length, block_size, head_dim,
+                          stride_cb, stride_ch, stride_cs, stride_cd, stride_tb, stride_th, stride_tn, stride_td,
+                          stride_ab, stride_ah, stride_an, SALIENCE, BS_PAD, BLOCK_N, HEAD_DIM)
+    qb = tl.where(length > 0, (length - 1) // block_size, -1)
+    end = tl.minimum(tl.maximum(qb - window, 0), nb)
+    # -- 1. this split's candidates first <= kb < stop: their order keys to the lane's workspace row
+    first = sinks + split * CHUNK
+    stop = tl.minimum(first + CHUNK, end)
+    key_base = Keys + lane.to(tl.int64) * nb
+    for start in range(first, stop, BLOCK_N):
+        kb = start + tl.arange(0, BLOCK_N)
+        key = _order_keys(Q, First, Second, batch, kv_head, kb, stop, nb, stride_qb, stride_qh, stride_qd,
+                          stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
+                          SCORE, GROUP, BLOCK_N, HEAD_DIM, INDEX_BITS)
+        tl.store(key_base + kb, key, mask=kb < stop)
+    tl.debug_barrier()  # the keys are read back by other threads of the program
+    # -- 2. the split's best TAKE_LOCAL keys, best first (a key's rank among the split's: how many are larger;
+    #    keys are distinct, so the ranks of the n candidates are 0 .. n - 1), NO_KEY in the slots after them
+    c = first + tl.arange(0, CHUNK)
+    mine = tl.load(key_base + c, mask=c < stop, other=NO_KEY)
+    rank = _rank(mine, key_base, first, stop, NO_KEY, LOCAL_TILE)
+    part = Partial + (lane.to(tl.int64) * splits + split) * TAKE_LOCAL
+    tl.store(part + rank, mine, mask=(c < stop) & (rank < TAKE_LOCAL))
+    t = tl.arange(0, TAKE_LOCAL)
+    tl.store(part + t, tl.full([TAKE_LOCAL], NO_KEY, tl.int64), mask=t >= stop - first)
+    # -- 3. the lane's last split to finish (an acquire-release count) merges: the global rank of each split's
+    #    best, the row (the base, the chosen blocks best first, -1 after them), and the count back to zero
+    tl.debug_barrier()
+    done = tl.atomic_add(Counters + lane, 1, sem="acq_rel", scope="gpu")
+    if done == splits - 1:
+        tl.debug_barrier()
+        lane_part = Partial + lane.to(tl.int64) * splits * TAKE_LOCAL
+        m = tl.arange(0, MERGE_PAD)
+        best = tl.load(lane_part + m, mask=m < splits * TAKE_LOCAL, other=NO_KEY, cache_modifier=".cg")
+        order = _rank(best, lane_part, 0, splits * TAKE_LOCAL, NO_KEY, MERGE_TILE)
+        chosen = tl.minimum(take, tl.maximum(end - sinks, 0))
+        base = sinks + window + 1
+        slot = tl.arange(0, ROW_PAD)
+        window_block = qb - window + (slot - sinks)
+        row = tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
+                       tl.where((slot < base) & (window_block >= 0), window_block, -1))
+        out = Out + lane.to(tl.int64) * width
+        tl.store(out + slot, row.to(tl.int32), mask=(slot < width) & ((slot < base) | (slot >= base + chosen)))
+        block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))
+        tl.store(out + base + order, block.to(tl.int32), mask=(best != NO_KEY) & (order < chosen))
+        tl.store(Counters + lane, 0)
+
+
+def split_chunk(nb: int, take: int) -> int:
+    """Candidates per program of the split ranking (:func:`_split_table_kernel`) for ``nb`` blocks and a budget of
+    ``take``: a power of two from 64 to 1024, so that a lane has at most ``max(1, 512 // next_pow2(take))``
+    splits (the merge then ranks at most 512 keys when ``take <= 512``)."""
+    most = max(1, 512 // triton.next_power_of_2(max(take, 1)))
+    return min(1024, max(64, triton.next_power_of_2(-(-nb // most))))
+
+
 def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
                       score: str, block_size: int, sinks: int, window: int, budget: int,
-                      update: tuple | None = None, keep: tuple | None = None) -> torch.Tensor:
+                      update: tuple | None = None, keep: tuple | None = None, counters: torch.Tensor | None = None,
+                      chunk: int | None = None) -> torch.Tensor:
     """A decode step's block table in one launch, no host sync. Trusts its inputs (checked by
     :func:`~topo_attn.selection.static_step.step_block_table`).
 
@@ -235,6 +350,10 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             block is unchanged and no block completes at this step (for a query-blind score, ``salience`` or
             ``none``, whose rows change only then), else computed; either way written to ``kept`` with ``last =
             length``. ``last = -1`` forces the computation (after any other change to the statistics).
+        counters: None, or int32 ``[B * H_kv]`` zeros (left zero by every launch): the query-aware scores
+            (``quest``, ``centroid``) are then ranked by several programs per lane (:func:`_split_table_kernel`,
+            ``chunk`` candidates each, default :func:`split_chunk`), the last of which merges their best; else
+            (and for ``salience`` and ``none``) by one program per lane. Both give the same rows.
 
     Returns:
         int32 ``[B, H_kv, sinks + window + 1 + budget]``: per lane the sinks ``kb < min(sinks, qb - window)``,
@@ -251,6 +370,29 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     cache, centroids, lo, hi, salience = update if update is not None else (first,) * 4 + (None,)
     bars = salience if salience is not None else first[..., 0]
     kept, last = keep if keep is not None else (out, length)
+    block_n = max(1, min(64, 4096 // head_dim))
+    if counters is not None and score in ("quest", "centroid"):
+        take = min(budget, nb)
+        chunk = split_chunk(nb, take) if chunk is None else chunk
+        splits = -(-nb // chunk)
+        take_local = min(triton.next_power_of_2(max(take, 1)), chunk)
+        merge_pad = triton.next_power_of_2(splits * take_local)
+        partial = torch.empty((batch * kv_heads, splits, take_local), dtype=torch.int64, device=q.device)
+        _split_table_kernel[(batch * kv_heads, splits)](
+            q, first, second, length, keys, partial, counters, out,
+            nb, kv_heads, block_size, sinks, window, take, width, splits,
+            q.stride(0), q.stride(1), q.stride(3), *first.stride(),
+            dim,
+            cache, centroids, lo, hi, bars,
+            *cache.stride(), *centroids.stride(), *bars.stride(),
+            SCORE=score, GROUP=heads // kv_heads, CHUNK=chunk, BLOCK_N=min(block_n, chunk), HEAD_DIM=head_dim,
+            ROW_PAD=triton.next_power_of_2(width), TAKE_LOCAL=take_local, MERGE_PAD=merge_pad,
+            LOCAL_TILE=max(1, min(64, 8192 // chunk)), MERGE_TILE=max(1, min(64, 8192 // merge_pad)),
+            NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS, UPDATE=update is not None, SALIENCE=salience is not None,
+            BS_PAD=triton.next_power_of_2(block_size),
+            num_warps=4 if max(chunk, merge_pad) <= 256 else 8,
+        )
+        return out
     _step_table_kernel[(batch * kv_heads,)](
         q, first, second, length, keys, out,
         nb, kv_heads, block_size, sinks, window, min(budget, nb), width,
@@ -258,7 +400,7 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
         dim,
         cache, centroids, lo, hi, bars, kept, last,
         *cache.stride(), *centroids.stride(), *bars.stride(),
-        SCORE=score, GROUP=heads // kv_heads, BLOCK_N=max(1, min(64, 4096 // head_dim)), NB_PAD=nb_pad,
+        SCORE=score, GROUP=heads // kv_heads, BLOCK_N=block_n, NB_PAD=nb_pad,
         HEAD_DIM=head_dim, ROW_PAD=triton.next_power_of_2(width), NO_KEY=_NO_KEY, INDEX_BITS=INDEX_BITS,
         UPDATE=update is not None, SALIENCE=salience is not None, BS_PAD=triton.next_power_of_2(block_size),
         REUSE=keep is not None,
@@ -279,36 +421,39 @@ def score_operands(score: str, centroids: torch.Tensor, lo: torch.Tensor, hi: to
     return centroids, centroids
 
 
-@torch.library.custom_op("topo_attn::static_step_table", mutates_args=())
+@torch.library.custom_op("topo_attn::static_step_table", mutates_args=("counters",))
 def static_step_table_op(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor, length: torch.Tensor,
-                         score: str, block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
-    """The custom op ``torch.ops.topo_attn.static_step_table``: :func:`static_step_table` (trusts its inputs)."""
-    return static_step_table(q, first, second, length, score, block_size, sinks, window, budget)
+                         counters: torch.Tensor, score: str, block_size: int, sinks: int, window: int,
+                         budget: int) -> torch.Tensor:
+    """The custom op ``torch.ops.topo_attn.static_step_table``: :func:`static_step_table` with the split ranking's
+    ``counters`` (zero before and after; trusts its inputs)."""
+    return static_step_table(q, first, second, length, score, block_size, sinks, window, budget, counters=counters)
 
 
 @static_step_table_op.register_fake
-def static_step_table_fake(q, first, second, length, score, block_size, sinks, window, budget):
+def static_step_table_fake(q, first, second, length, counters, score, block_size, sinks, window, budget):
     return q.new_empty((q.shape[0], first.shape[1], sinks + window + 1 + budget), dtype=torch.int32)
 
 
 @torch.library.custom_op("topo_attn::static_step_update_table",
-                         mutates_args=("centroids", "lo", "hi", "salience", "kept", "last"))
+                         mutates_args=("centroids", "lo", "hi", "salience", "kept", "last", "counters"))
 def static_step_update_table_op(q: torch.Tensor, cache: torch.Tensor, centroids: torch.Tensor, lo: torch.Tensor,
                                 hi: torch.Tensor, salience: torch.Tensor | None, kept: torch.Tensor | None,
-                                last: torch.Tensor | None, length: torch.Tensor, score: str,
+                                last: torch.Tensor | None, counters: torch.Tensor, length: torch.Tensor, score: str,
                                 block_size: int, sinks: int, window: int, budget: int) -> torch.Tensor:
     """The custom op ``torch.ops.topo_attn.static_step_update_table``: :func:`static_step_table` with the
     statistics' update of the step's key in the same launch (``update=(cache, centroids, lo, hi, salience)``;
     the scores read ``hi, lo``, the centroids twice, or the salience as ``score`` says), reusing the rows kept in
-    ``kept``, ``last`` when given (``keep``). Writes ``centroids``, ``lo``, ``hi``, ``salience``, ``kept`` and
-    ``last`` in place; trusts its inputs."""
+    ``kept``, ``last`` when given (``keep``), the query-aware scores ranked by the split programs (``counters``,
+    zero before and after). Writes ``centroids``, ``lo``, ``hi``, ``salience``, ``kept`` and ``last`` in place;
+    trusts its inputs."""
     first, second = score_operands(score, centroids, lo, hi, salience)
     return static_step_table(q, first, second, length, score, block_size, sinks, window, budget,
                              update=(cache, centroids, lo, hi, salience),
-                             keep=None if kept is None else (kept, last))
+                             keep=None if kept is None else (kept, last), counters=counters)
 
 
 @static_step_update_table_op.register_fake
-def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, kept, last, length, score, block_size,
-                                  sinks, window, budget):
+def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, kept, last, counters, length, score,
+                                  block_size, sinks, window, budget):
     return q.new_empty((q.shape[0], centroids.shape[1], sinks + window + 1 + budget), dtype=torch.int32)

@@ -315,7 +315,7 @@ def test_header_and_rows(run):
     result = run["result"]
     assert result["suite"] == "lm_eviction" and result["gpu"] == "cpu" and result["dtype"] == "float32"
     assert result["command"].startswith("python -m topo_attn.lm eviction --model ")
-    assert "commit" in result and "commit_source" in result and result["seconds"] > 0
+    assert "commit" in result and "commit_source" in result and result["seconds"] > 0 and result["complete"]
     assert result["torch"] == torch.__version__ and result["transformers"] == transformers.__version__
     assert (result["length"], result["prefix"], result["block_size"], result["context_blocks"]) == (1024, 512, 64, 16)
     assert result["policies"] == POLICY_NAMES and result["cache_fractions"] == [0.25, 0.125]
@@ -388,6 +388,23 @@ def test_retrieval_cells_pair_each_policy_with_dense(setup, monkeypatch):
             assert cell.get("minus_dense", -1) == -1
 
 
+def test_a_run_cut_short_keeps_its_rows(setup, monkeypatch):
+    scored = []
+
+    def fail_second(model, ids, batch=1):
+        scored.append(model.policy)
+        if len(scored) == 2:
+            raise RuntimeError("out of time")
+        return token_losses(model, ids, batch)
+
+    monkeypatch.setattr(eviction_runner, "token_losses", fail_second)
+    out = setup / "partial.json"
+    with pytest.raises(RuntimeError, match="out of time"):
+        run_main(argv(setup, out, "--policies", "streaming", "--no-retrieval"))
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and [r["policy"] for r in result["rows"]] == ["dense"]
+
+
 def test_no_retrieval(setup):
     out = setup / "perplexity.json"
     run_main(argv(setup, out, "--policies", "random", "--cache-fractions", "0.5", "--no-retrieval"))
@@ -413,6 +430,7 @@ def test_no_retrieval(setup):
     (["--tasks", "nosuchtask"], "--tasks"),
     (["--window", "0", "--prefix", "500"], "--cache-fractions"),  # a partial block with no window
     (["--model", "/nonexistent/model"], "--model"),
+    (["--out", "/nonexistent/folder/result.json"], "--out"),
 ])
 def test_bad_arguments_give_a_one_line_usage_error(setup, extra, option, capsys):
     """In process, as ``python -m topo_attn.lm`` runs it (topo_attn.cli.run): exit 2, one error line naming the

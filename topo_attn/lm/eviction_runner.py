@@ -33,8 +33,9 @@ Each row (``rows`` in the JSON) is one configuration: ``policy`` (``dense`` or t
 :func:`~topo_attn.lm.intervals.bootstrap_interval`), ``wilson_low`` and ``wilson_high`` (95% Wilson interval)
 and, for policies, ``minus_dense``, ``minus_dense_low``, ``minus_dense_high`` (the accuracy minus dense's on the
 same probes with its paired bootstrap interval); the cells pool the distances asked for. Written as JSON (``--out``;
-``data/benchmarks/lm_eviction_<gpu>.json``) with the GPU, versions, command and commit;
-:func:`topo_attn.lm.results.load_lm_eviction` reads it.
+``data/benchmarks/lm_eviction_<gpu>.json``) with the GPU, versions, command and commit, after every configuration
+(``complete`` true at the end, so a run cut short keeps its rows); :func:`topo_attn.lm.results.load_lm_eviction`
+reads it.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def check_args(args: argparse.Namespace) -> None:
     """Raise :class:`~topo_attn.cli.UsageError` for values that would fail late or unclearly: a count below 1, a
     cache fraction outside ``(0, 1]`` or whose budget does not fit the prefix (the budget rule of
     :mod:`topo_attn.eviction`), a ``--prefix`` not shorter than the length, a ``--length`` beyond the documents, a
-    distance that puts the needle outside the prefix, and those of
+    distance that puts the needle outside the prefix, an ``--out`` whose folder does not exist, and those of
     :func:`~topo_attn.lm.study.check_common_arguments` (any block size ``>= 1``; the model folder and evaluation
     set)."""
     for option, value in (("--prefix", args.prefix), ("--observation", args.observation), ("--batch", args.batch)):
@@ -153,6 +154,8 @@ def check_args(args: argparse.Namespace) -> None:
     if far:
         raise cli.UsageError(f"argument --distances: {far} do not put the needle in the prefix (expected "
                              f"{length - prefix} < distance < {length})")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        raise cli.UsageError(f"argument --out: expected a JSON file in an existing folder, got {args.out}")
 
 
 def check_probes(probes: list, prefix: int) -> None:
@@ -212,32 +215,13 @@ def eviction_study(args: argparse.Namespace, argv: list[str] | None = None) -> d
         check_probes(probes, prefix)
     per_token = kv_bytes_per_token(model.config, dtype)
     configs = [(None, 1.0, None)] + [(p, f, keeps[f]) for p in args.policies for f in args.cache_fractions]
-    started = time.perf_counter()
     rows, dense = [], None
-    for policy, fraction, keep in tqdm(configs, desc="eviction", disable=not cli.progress_enabled(args.progress)):
-        begun = time.perf_counter()
-        evicted = EvictedModel(model, prefix, policy, keep, args.block_size, args.sinks, args.window,
-                               args.observation, args.seed)
-        losses = token_losses(evicted, ids, batch=args.batch)[:, prefix:]  # bytes prefix + 1 .. length - 1
-        correct = [bool(r["exact"]) for r in passkey_scores(evicted, probes, batch=args.batch)] if probes else []
-        bits = bits_per_byte(losses, buckets=())["all"]
-        row = dict(policy=policy or "dense", cache_fraction=fraction, keep_blocks=blocks if keep is None else keep,
-                   query_blind=None if policy is None else not POLICIES[policy].query_aware, bits_per_byte=bits,
-                   n_bytes=int(losses.numel()), bits_per_byte_minus_dense=0.0 if dense is None
-                   else bits - dense["bits_per_byte"], peak_tokens=evicted.peak_tokens,
-                   kv_bytes=evicted.peak_tokens * per_token, full_kv_bytes=length * per_token,
-                   memory_fraction=evicted.peak_tokens / length,
-                   retrieval=retrieval_cells(probes, correct, None if dense is None else dense["correct"]),
-                   seconds=time.perf_counter() - begun)
-        if dense is None:
-            dense = dict(bits_per_byte=bits, correct=correct)
-        rows.append(row)
     result = dict(
         suite=LM_EVICTION_SUITE, model=str(args.model),
         gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
         transformers=transformers.__version__,
         command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
-        date=datetime.date.today().isoformat(), **code_version(), eval_set=str(eval_set_path(args)),
+        date=datetime.date.today().isoformat(), **code_version(), complete=False, eval_set=str(eval_set_path(args)),
         documents=len(docs), length=length, prefix=prefix, block_size=args.block_size, context_blocks=blocks,
         sinks=args.sinks, window=args.window, observation=args.observation, seed=args.seed,
         dtype=str(dtype).removeprefix("torch."), policies=list(args.policies),
@@ -249,10 +233,37 @@ def eviction_study(args: argparse.Namespace, argv: list[str] | None = None) -> d
                 "token_losses); retrieval: exact match of the answer under greedy prediction "
                 "(topo_attn.lm.evaluate.passkey_scores); both through topo_attn.lm.evicted_model.EvictedModel: "
                 "dense prefill, then the evicted cache, no look-ahead",
-        memory=MEMORY, interval=INTERVAL, rows=rows, seconds=time.perf_counter() - started)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        memory=MEMORY, interval=INTERVAL, rows=rows, seconds=0.0)
+    started = time.perf_counter()
+    for policy, fraction, keep in tqdm(configs, desc="eviction", disable=not cli.progress_enabled(args.progress)):
+        begun = time.perf_counter()
+        evicted = EvictedModel(model, prefix, policy, keep, args.block_size, args.sinks, args.window,
+                               args.observation, args.seed)
+        losses = token_losses(evicted, ids, batch=args.batch)[:, prefix:]  # bytes prefix + 1 .. length - 1
+        correct = [bool(r["exact"]) for r in passkey_scores(evicted, probes, batch=args.batch)] if probes else []
+        bits = bits_per_byte(losses, buckets=())["all"]
+        rows.append(dict(
+            policy=policy or "dense", cache_fraction=fraction, keep_blocks=blocks if keep is None else keep,
+            query_blind=None if policy is None else not POLICIES[policy].query_aware, bits_per_byte=bits,
+            n_bytes=int(losses.numel()), bits_per_byte_minus_dense=0.0 if dense is None
+            else bits - dense["bits_per_byte"], peak_tokens=evicted.peak_tokens,
+            kv_bytes=evicted.peak_tokens * per_token, full_kv_bytes=length * per_token,
+            memory_fraction=evicted.peak_tokens / length,
+            retrieval=retrieval_cells(probes, correct, None if dense is None else dense["correct"]),
+            seconds=time.perf_counter() - begun))
+        if dense is None:
+            dense = dict(bits_per_byte=bits, correct=correct)
+        result["seconds"] = time.perf_counter() - started
+        write(result, args.out)
+    result["complete"] = True
+    write(result, args.out)
     return result
+
+
+def write(result: dict, out: str | None) -> None:
+    """``result`` as JSON at ``out`` (nothing when None)."""
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
 
 
 def markdown(result: dict) -> str:

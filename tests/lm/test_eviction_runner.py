@@ -260,6 +260,8 @@ def test_dense_equals_the_plain_model():
     (dict(policy="streaming", keep=3, window=0), ValueError, "window must be >= 1"),
     (dict(policy="salience", keep=3, observation=0), ValueError, "observation must be >= 1"),
     (dict(policy=None, prefix=0), ValueError, "prefix must be >= 1"),
+    (dict(policy=None, block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(policy="h2o", keep=3, seed=-1), ValueError, "seed must be >= 0"),
 ])
 def test_evicted_model_argument_errors(kwargs, error, match):
     options = dict(prefix=100, block_size=16) | kwargs

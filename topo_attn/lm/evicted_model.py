@@ -149,13 +149,13 @@ class EvictedModel:
                  block_size: int = 64, sinks: int = 1, window: int = 1, observation: int = 32, seed: int = 0,
                  trace: bool = False):
         self.policy = None if policy is None else eviction.get(policy)
-        if self.policy is not None and keep is None:
-            raise ValueError(f"keep is required with the policy {self.policy.name!r}, got None")
-        if self.policy is not None:
-            check_budget_fits(prefix, keep, block_size, sinks, window)
-        self.model, self.prefix, self.keep, self.block_size = model, check_int("prefix", prefix, 1), keep, block_size
-        self.sinks, self.window = sinks, window
+        self.prefix, self.block_size = check_int("prefix", prefix, 1), check_int("block_size", block_size, 1)
         self.observation, self.seed = check_int("observation", observation, 1), check_int("seed", seed)
+        if self.policy is not None:
+            if keep is None:
+                raise ValueError(f"keep is required with the policy {self.policy.name!r}, got None")
+            check_budget_fits(prefix, keep, block_size, sinks, window)
+        self.model, self.keep, self.sinks, self.window = model, keep, sinks, window
         self.trace = bool(trace)
         self.peak_tokens = 0
         self.visible: dict[int, list[tuple[int, int, torch.Tensor]]] = {}
@@ -205,7 +205,7 @@ class EvictedModel:
         outs = [self._chunk(ids, 0, self.prefix)]
         self._choose(state, first=True)
         state.continuing = True
-        ends = [e for e in range((self.prefix // bs + 1) * bs, length, bs)] + [length]
+        ends = list(range((self.prefix // bs + 1) * bs, length, bs)) + [length]  # the block boundaries, the end
         start = self.prefix
         for end in ends:
             if state.trace:

@@ -89,6 +89,27 @@ def test_the_block_statistics_follow_the_cache(device):
         torch.testing.assert_close(stats.hi[:, :, :3].double(), hi, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("selector", ["quest", "topology"])
+def test_every_statistics_buffer_is_a_static_address(selector, device):
+    """Every tensor the statistics hold (the centroids, bounds, salience, the split counters, topology's kept
+    rows) is marked as a static address: a compiled step mutates them, and CUDA graphs (``generate()``'s
+    compiled step) are skipped for a mutated input that is not static."""
+    model = tiny_llama(device)
+    model.set_attn_implementation(tat.register(selector=selector, block_size=BLOCK, budget=1,
+                                               name=f"topo_static_{selector}"))
+    cache = TopoStaticCache(model.config, max_cache_len=64)
+    greedy(model, token_ids(1, 40, device), cache, new_tokens=2)
+    for layer in cache.layers:
+        stats = getattr(layer.keys, tat.STATIC_STATE_ATTRIBUTE).stats[BLOCK]
+        buffers = {name: value for name, value in vars(stats).items() if isinstance(value, torch.Tensor)}
+        buffers.update({f"kept_tables{key}[{i}]": t for key, pair in stats.kept_tables.items()
+                        for i, t in enumerate(pair)})
+        assert {"centroids", "lo", "hi", "counters"} <= set(buffers) and (selector != "topology" or any(
+            name.startswith("kept_tables") for name in buffers))
+        for name, buffer in buffers.items():
+            assert getattr(buffer, "_dynamo_static_input_type", None) is not None, f"{name} is not static"
+
+
 @pytest.mark.parametrize("selector", ["dense", "quest"])
 def test_a_decode_step_compiles_whole_and_serves_every_length(selector, device):
     """torch.compile(fullgraph=True) of the model's one-token forward over a TopoStaticCache: no graph break,

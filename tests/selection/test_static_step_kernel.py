@@ -163,7 +163,7 @@ def test_gaussian_inputs_choose_as_well(selector, dtype, device):
         base = sinks + window + 1
         assert torch.equal(got[..., :base], want[..., :base])
         scores = SELECTORS[selector].step_scores(q.double(), _as_float64(stats), 0,
-                                                 torch.zeros(1, dtype=torch.int64), 1, n, 0)[..., 0, :]
+                                                 torch.zeros(1, dtype=torch.int64, device=device), 1, n, 0)[..., 0, :]
         for lane in range(4):
             picked, wanted = (t.reshape(4, -1)[lane, base:].tolist() for t in (got, want))
             picked_scores = [float(scores.reshape(4, -1)[lane, b]) for b in picked if b >= 0]

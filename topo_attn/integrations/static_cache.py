@@ -65,7 +65,7 @@ class StaticLayerState:
                 raise ValueError("TopoStaticCache creates its block statistics at the first eager call (the "
                                  "prefill); run the prefill outside torch.compile")
             found = StaticBlockStats.for_cache(keys, block_size, torch.float32, salience=salience)
-            for buffer in (found.centroids, found.lo, found.hi, found.salience):
+            for buffer in (found.centroids, found.lo, found.hi, found.salience, found.counters):
                 if buffer is not None:
                     torch._dynamo.mark_static_address(buffer)
             self.stats[block_size] = found

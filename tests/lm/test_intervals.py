@@ -166,3 +166,8 @@ def test_a_higher_confidence_gives_a_wider_interval():
 def test_errors_name_the_argument(call, error, name):
     with pytest.raises(error, match=name):
         call()
+
+
+def test_accuracy_text_shows_the_interval():
+    assert intervals.accuracy_text({"accuracy": 0.75, "ci_low": 0.5, "ci_high": 1.0}) == "75% [50%, 100%]"
+    assert intervals.accuracy_text({"accuracy": 0.0, "ci_low": 0.0, "ci_high": 0.125}) == "0% [0%, 12%]"

@@ -46,7 +46,6 @@ from .._checks import check_int
 from ..eviction import Eviction, EvictionConfig, EvictionPolicy
 from ..eviction.policy import check_budget
 from ..integrations.transformers import check_attention_call, plain_causal_mask
-from ..schedule import num_blocks
 
 NAME = "topo_attn_eviction"
 """The ``attn_implementation`` name the attention is registered under during a call."""

@@ -276,8 +276,7 @@ def markdown(result: dict) -> str:
         cells = [r["policy"], f"{r['cache_fraction']:.3g}", str(r["keep_blocks"]), f"{r['memory_fraction']:.1%}",
                  f"{r['bits_per_byte']:.3f}", f"{r['bits_per_byte_minus_dense']:+.3f}"]
         for task in tasks:
-            c = r["retrieval"][task]
-            cells.append(f"{c['accuracy']:.0%} [{c['ci_low']:.0%}, {c['ci_high']:.0%}]")
+            cells.append(intervals.accuracy_text(r["retrieval"][task]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

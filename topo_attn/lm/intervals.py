@@ -189,3 +189,9 @@ def unpaired_difference(a: object, b: object, confidence: float = CONFIDENCE, re
     pa, pb = a.mean(), b.mean()
     differences = rng.binomial(a.size, pa, resamples) / a.size - rng.binomial(b.size, pb, resamples) / b.size
     return Difference(float(pa - pb), a.size + b.size, *_percentiles(differences, confidence))
+
+
+def accuracy_text(cell: dict) -> str:
+    """A table cell for a result row's ``accuracy`` with its interval ``ci_low`` .. ``ci_high``, as percentages:
+    ``"75% [50%, 100%]"``."""
+    return f"{cell['accuracy']:.0%} [{cell['ci_low']:.0%}, {cell['ci_high']:.0%}]"

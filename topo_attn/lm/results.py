@@ -172,13 +172,17 @@ def lm_quality_tables(result: Mapping) -> dict:
     return tables
 
 
-def _load_rows(path: str | Path, suite: str, what: str, command: str) -> dict:
+def _load_rows(path: str | Path, suite: str, what: str, command: str, row_keys: tuple[str, ...] = ()) -> dict:
     """The parsed JSON of a result file of ``suite`` with a list of ``rows`` (``what`` and ``command`` name it in
-    the messages), its commit checked."""
+    the messages), its commit checked, each row a dict holding ``row_keys``."""
     path, data = _read_results(path, f"{what} results", f"by `{command}")
     if not isinstance(data, dict) or data.get("suite") != suite or not isinstance(data.get("rows"), list):
         raise ValueError(f"{path}: expected the {what} results (suite {suite!r} with rows)")
     check_commit(path, data)
+    for i, row in enumerate(data["rows"]):
+        missing = [k for k in row_keys if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(row_keys)}")
     return data
 
 
@@ -229,12 +233,8 @@ def load_lm_retrieval(path: str | Path) -> dict:
         ValueError: the file is not of suite ``lm_retrieval``, has no list of ``rows``, a row lacks one of
             :data:`LM_RETRIEVAL_ROW_KEYS`, or :data:`~topo_attn.provenance.COMMIT_KEYS` have the wrong type.
     """
-    data = _load_rows(path, LM_RETRIEVAL_SUITE, "retrieval suite", "python -m topo_attn.lm retrieval")
-    for i, row in enumerate(data["rows"]):
-        missing = [k for k in LM_RETRIEVAL_ROW_KEYS if not isinstance(row, dict) or k not in row]
-        if missing:
-            raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(LM_RETRIEVAL_ROW_KEYS)}")
-    return data
+    return _load_rows(path, LM_RETRIEVAL_SUITE, "retrieval suite", "python -m topo_attn.lm retrieval",
+                      LM_RETRIEVAL_ROW_KEYS)
 
 
 def load_lm_eviction(path: str | Path) -> dict:
@@ -247,11 +247,9 @@ def load_lm_eviction(path: str | Path) -> dict:
             :data:`LM_EVICTION_ROW_KEYS`, a row's ``retrieval`` is not a dict of tasks whose cells have
             :data:`LM_EVICTION_CELL_KEYS`, or :data:`~topo_attn.provenance.COMMIT_KEYS` have the wrong type.
     """
-    data = _load_rows(path, LM_EVICTION_SUITE, "KV-cache eviction", "python -m topo_attn.lm eviction")
+    data = _load_rows(path, LM_EVICTION_SUITE, "KV-cache eviction", "python -m topo_attn.lm eviction",
+                      LM_EVICTION_ROW_KEYS)
     for i, row in enumerate(data["rows"]):
-        missing = [k for k in LM_EVICTION_ROW_KEYS if not isinstance(row, dict) or k not in row]
-        if missing:
-            raise ValueError(f"{path}: row {i} lacks {missing}; expected keys {list(LM_EVICTION_ROW_KEYS)}")
         cells = row["retrieval"]
         if not isinstance(cells, dict):
             raise ValueError(f"{path}: row {i}: retrieval must be a dict of tasks, got {type(cells).__name__}")

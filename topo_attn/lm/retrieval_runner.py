@@ -200,7 +200,7 @@ def markdown(result: dict) -> str:
         out = [task, attention, "" if budget is None else str(budget)]
         for d in distances:
             r = cells.get((task, attention, budget, d))
-            out.append("" if r is None else f"{r['accuracy']:.0%} [{r['ci_low']:.0%}, {r['ci_high']:.0%}]")
+            out.append("" if r is None else intervals.accuracy_text(r))
         lines.append("| " + " | ".join(out) + " |")
     gate = result["dense_gate"]
     lines.append(f"\ndense reaches {gate['threshold']:.0%} on every task and distance: "

@@ -23,10 +23,18 @@ salience), so the step's whole selection is one launch. A query-blind row (``sal
 steps (``keep``): it changes only when the query's block changes or a block completes, so on the other steps the
 program copies its kept row and ranks nothing.
 
-Measured on an H100 (B1 and B8, 32k keys, 8 key/value heads, D = 64, budget 32, one launch timed in a CUDA
-graph; ``topo_attn/selection/NOTES.md``): the update and table take 21 us (``quest``), 16 us (``centroid``),
-13 us (``topology``; 18 us when a block completes), 4 us for a kept row; the ``budget`` rounds of a maximum
-dominate, and one ``tl.sort`` of the row instead was slower (27, 22, 19 us).
+The query-aware scores (``quest``, ``centroid``) are ranked by several programs per lane when the statistics'
+``counters`` are passed (the ops always pass them): :func:`_split_table_kernel` gives each program a chunk of
+candidates (:func:`split_chunk`), which it scores, ranks by counting larger keys and cuts to its best ``budget``;
+the lane's last program to finish (an acquire-release count) ranks those lists the same way and writes the row.
+``salience`` and ``none`` keep one program per lane (the salience's update when a block completes changes the
+scores other programs would read).
+
+Measured on an H100 (8 key/value heads, D = 64, budget 32, the update and table in one launch, 20 launches per
+CUDA graph; ``topo_attn/selection/NOTES.md``): one program per lane takes 16-22 us at 32k keys (B1, B8), 37-59 us
+at B1 128k and 45-73 us at B8 128k; the split ranking 12-17, 31-33 and 55-70 us. ``topology`` takes 13 us (18
+when a block completes) and 4 us with a kept row. The ranking loops are latency-bound (each tile of comparisons
+waits for its load), and one ``tl.sort`` of the row was slower than ``budget`` rounds of a maximum.
 
 Every launch parameter follows from shapes (``nb_max``, ``D``, the group, the row width); the length and the
 candidates' count stay on the device, so one captured graph serves every step. The op
@@ -150,6 +158,24 @@ def _order_keys(
 
 
 @triton.jit
+def _write_order_keys(
+    Q, First, Second, key_base, batch, kv_head, first, stop, nb,
+    stride_qb, stride_qh, stride_qd, stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
+    SCORE: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    INDEX_BITS: tl.constexpr,
+):
+    """The order keys (:func:`_order_keys`) of blocks ``first <= kb < stop`` to ``key_base[kb]``, ``BLOCK_N`` at a
+    time, then a barrier: the keys are read back by other threads of the program."""
+    for start in range(first, stop, BLOCK_N):
+        kb = start + tl.arange(0, BLOCK_N)
+        key = _order_keys(Q, First, Second, batch, kv_head, kb, stop, nb, stride_qb, stride_qh, stride_qd,
+                          stride_sb, stride_sh, stride_sn, stride_sd, head_dim, SCORE, GROUP, BLOCK_N, HEAD_DIM,
+                          INDEX_BITS)
+        tl.store(key_base + kb, key, mask=kb < stop)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _rank(keys, Source, first, stop, NO_KEY: tl.constexpr, TILE: tl.constexpr):
     """For each of ``keys`` (int64, distinct where they matter), how many of ``Source[first:stop]`` are larger,
     ``TILE`` of them at a time (read from L2: others' writes are seen)."""
@@ -159,6 +185,15 @@ def _rank(keys, Source, first, stop, NO_KEY: tl.constexpr, TILE: tl.constexpr):
         other = tl.load(Source + j, mask=j < stop, other=NO_KEY, cache_modifier=".cg")
         rank += tl.sum((other[None, :] > keys[:, None]).to(tl.int32), axis=1)
     return rank
+
+
+@triton.jit
+def _base_row(slot, qb, sinks, window):
+    """The base of a table row at ``slot``: the sinks below the window (``slot < min(sinks, qb - window)``), then
+    the window ``qb - window .. qb`` (blocks ``>= 0``); ``-1`` everywhere else, the budget's slots included."""
+    window_block = qb - window + (slot - sinks)
+    return tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
+                    tl.where((slot < sinks + window + 1) & (window_block >= 0), window_block, -1))
 
 
 @triton.jit
@@ -200,9 +235,7 @@ def _step_table_kernel(
     end = tl.minimum(tl.maximum(qb - window, 0), nb)
     # -- the base: the sinks below the window, then the window up to qb; -1 before block 0
     slot = tl.arange(0, ROW_PAD)
-    window_block = qb - window + (slot - sinks)
-    row = tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
-                   tl.where((slot < sinks + window + 1) & (window_block >= 0), window_block, -1))
+    row = _base_row(slot, qb, sinks, window)
     # -- a kept row (Kept, Last) is reused when nothing it depends on changed since the lane's last step: the
     #    previous step was length - 1, the query's block is the same, and no block completed (the kept
     #    salience changes only then); else the row is computed and kept
@@ -214,13 +247,9 @@ def _step_table_kernel(
         if compute:
             # -- every candidate's order key to the workspace, BLOCK_N blocks at a time
             key_base = Keys + lane.to(tl.int64) * nb
-            for start in range(sinks, end, BLOCK_N):
-                kb = start + tl.arange(0, BLOCK_N)
-                key = _order_keys(Q, First, Second, batch, kv_head, kb, end, nb, stride_qb, stride_qh, stride_qd,
-                                  stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
-                                  SCORE, GROUP, BLOCK_N, HEAD_DIM, INDEX_BITS)
-                tl.store(key_base + kb, key, mask=kb < end)
-            tl.debug_barrier()  # the row is read back by other threads of the program
+            _write_order_keys(Q, First, Second, key_base, batch, kv_head, sinks, end, nb, stride_qb, stride_qh,
+                              stride_qd, stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
+                              SCORE, GROUP, BLOCK_N, HEAD_DIM, INDEX_BITS)
             # -- the budget: `take` rounds of the largest key (each key is unique: its index breaks ties)
             kb = tl.arange(0, NB_PAD)
             keys = tl.load(key_base + kb, mask=(kb >= sinks) & (kb < end), other=NO_KEY)
@@ -279,13 +308,9 @@ def _split_table_kernel(
     first = sinks + split * CHUNK
     stop = tl.minimum(first + CHUNK, end)
     key_base = Keys + lane.to(tl.int64) * nb
-    for start in range(first, stop, BLOCK_N):
-        kb = start + tl.arange(0, BLOCK_N)
-        key = _order_keys(Q, First, Second, batch, kv_head, kb, stop, nb, stride_qb, stride_qh, stride_qd,
-                          stride_sb, stride_sh, stride_sn, stride_sd, head_dim,
-                          SCORE, GROUP, BLOCK_N, HEAD_DIM, INDEX_BITS)
-        tl.store(key_base + kb, key, mask=kb < stop)
-    tl.debug_barrier()  # the keys are read back by other threads of the program
+    _write_order_keys(Q, First, Second, key_base, batch, kv_head, first, stop, nb, stride_qb, stride_qh, stride_qd,
+                      stride_sb, stride_sh, stride_sn, stride_sd, head_dim, SCORE, GROUP, BLOCK_N, HEAD_DIM,
+                      INDEX_BITS)
     # -- 2. the split's best TAKE_LOCAL keys, best first (a key's rank among the split's: how many are larger;
     #    keys are distinct, so the ranks of the n candidates are 0 .. n - 1), NO_KEY in the slots after them
     c = first + tl.arange(0, CHUNK)
@@ -308,9 +333,7 @@ def _split_table_kernel(
         chosen = tl.minimum(take, tl.maximum(end - sinks, 0))
         base = sinks + window + 1
         slot = tl.arange(0, ROW_PAD)
-        window_block = qb - window + (slot - sinks)
-        row = tl.where(slot < sinks, tl.where(slot < qb - window, slot, -1),
-                       tl.where((slot < base) & (window_block >= 0), window_block, -1))
+        row = _base_row(slot, qb, sinks, window)
         out = Out + lane.to(tl.int64) * width
         tl.store(out + slot, row.to(tl.int32), mask=(slot < width) & ((slot < base) | (slot >= base + chosen)))
         block = nb - 1 - (best & ((1 << INDEX_BITS) - 1))

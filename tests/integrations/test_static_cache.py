@@ -110,6 +110,35 @@ def test_every_statistics_buffer_is_a_static_address(selector, device):
             assert getattr(buffer, "_dynamo_static_input_type", None) is not None, f"{name} is not static"
 
 
+def test_topology_steps_inside_generate_use_their_kept_rows(device, monkeypatch):
+    """Through the backend and ``generate()``, each ``topology`` step runs the one-launch kernel with the kept rows
+    the prefill made (forced on the CPU, where the kernel runs in Triton's interpreter): after the generation
+    every lane's kept row was written at the last length, and the tokens are those of the torch path."""
+    from topo_attn.selection import static_step
+
+    if device == "cpu" and not static_step_kernel_interpreted():
+        pytest.skip("the kernel runs on the CPU in Triton's interpreter only")
+    model = tiny_llama(device)
+    name = tat.register(selector="topology", block_size=BLOCK, budget=1, name="topo_static_kept")
+    model.set_attn_implementation(name)
+    ids = token_ids(1, 40, device)
+    want = greedy(model, ids, TopoStaticCache(model.config, max_cache_len=80), new_tokens=20)  # the torch path
+    monkeypatch.setattr(static_step, "_takes_kernel", lambda selector, stats, fused: fused is not False)
+    cache = TopoStaticCache(model.config, max_cache_len=80)
+    got = greedy(model, ids, cache, new_tokens=20)
+    assert torch.equal(got.sequences, want.sequences)
+    for layer in cache.layers:
+        state = getattr(layer.keys, tat.STATIC_STATE_ATTRIBUTE)
+        (kept, last), = state.stats[BLOCK].kept_tables.values()
+        assert (last == int(state.length)).all(), (last, int(state.length))
+
+
+def static_step_kernel_interpreted() -> bool:
+    from topo_attn.selection.static_step_kernel import INTERPRETED
+
+    return INTERPRETED
+
+
 @pytest.mark.parametrize("selector", ["dense", "quest"])
 def test_a_decode_step_compiles_whole_and_serves_every_length(selector, device):
     """torch.compile(fullgraph=True) of the model's one-token forward over a TopoStaticCache: no graph break,

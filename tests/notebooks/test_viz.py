@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.collections import LineCollection, PathCollection  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.text import Annotation  # noqa: E402
 
 import topo_attn as ta  # noqa: E402
@@ -328,6 +329,94 @@ def test_plot_lm_retrieval_exact_and_loss_by_distance():
     fig.canvas.draw()
     assert [t.get_text() for t in exact.get_xticklabels()] == ["1k", "2k", "8064"]
     assert exact.get_xscale() == "log" and "2 probes" in exact.get_ylabel()
+
+
+def errorbars_by_label(ax) -> dict:
+    """The error-bar containers of an axes by label: ``(line, caps, bar collections)`` each."""
+    return {c.get_label(): c for c in ax.containers if isinstance(c, ErrorbarContainer)}
+
+
+def bar_spans(container) -> np.ndarray:
+    """``[[low, high], ...]`` of an error-bar container's vertical bars."""
+    return np.array([[seg[0][1], seg[1][1]] for seg in container.lines[2][0].get_segments()])
+
+
+def test_plot_lm_retrieval_suite_a_panel_per_task_with_intervals_and_the_dense_gate():
+    from lm_standin import retrieval_suite_result  # tests/lm_standin.py
+
+    rows = retrieval_suite_result(tasks=("single_needle", "multi_key", "variable_tracking", "multi_value"))["rows"]
+    fig = viz.plot_lm_retrieval_suite(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["single_needle", "multi_key", "variable_tracking", "multi_value"]
+    ax = fig.axes[0]
+    bars = errorbars_by_label(ax)
+    assert set(bars) == {"SDPA (dense causal)", "kit, dense schedule", "quest 6", "quest 30", "topology 6",
+                         "topology 30"}  # every budget its own line
+    quest = [r for r in rows if r["task"] == "single_needle" and r["attention"] == "quest" and r["budget"] == 6]
+    np.testing.assert_allclose(bars["quest 6"].lines[0].get_ydata(), [r["accuracy"] for r in quest])
+    np.testing.assert_allclose(bar_spans(bars["quest 6"]), [[r["ci_low"], r["ci_high"]] for r in quest])
+    np.testing.assert_allclose(bars["quest 6"].lines[0].get_xdata(), [1024, 4096], rtol=0.08)  # set apart a little
+    gate, = [line for line in ax.get_lines() if line.get_label().startswith("dense gate")]
+    np.testing.assert_allclose(gate.get_ydata(), [0.9, 0.9])
+    assert ax.get_xscale() == "log" and "n = 4 per cell" in ax.get_ylabel()
+
+    at_six = viz.plot_lm_retrieval_suite(rows, budget=6, title="t")
+    assert set(errorbars_by_label(at_six.axes[0])) == {"SDPA (dense causal)", "kit, dense schedule", "quest",
+                                                       "topology"}
+    assert at_six._suptitle.get_text() == "t"
+
+
+def test_plot_lm_retrieval_suite_gate_is_the_runners_threshold():
+    from topo_attn.lm.retrieval_runner import DENSE_THRESHOLD
+    from topo_attn.viz.lm import DENSE_GATE
+
+    assert DENSE_GATE == DENSE_THRESHOLD
+
+
+def test_plot_lm_retrieval_suite_errors_name_the_argument():
+    from lm_standin import retrieval_suite_result
+
+    rows = retrieval_suite_result()["rows"]
+    with pytest.raises(ValueError, match="rows are empty"):
+        viz.plot_lm_retrieval_suite([])
+    with pytest.raises(ValueError, match=r"rows: retrieval suite row 0 lacks \['ci_low'\]"):
+        viz.plot_lm_retrieval_suite([{k: v for k, v in rows[0].items() if k != "ci_low"}])
+    with pytest.raises(ValueError, match=r"budget 5 is not among .*\[6, 30\]"):
+        viz.plot_lm_retrieval_suite(rows, budget=5)
+
+
+def test_plot_lm_eviction_bits_per_policy_and_retrieval_per_fraction_with_intervals():
+    from lm_standin import eviction_result
+
+    rows = eviction_result()["rows"]
+    fig = viz.plot_lm_eviction(rows)
+    bits, quarter, eighth = fig.axes
+    assert "1/4" in quarter.get_title() and "1/8" in eighth.get_title()
+    lines = lines_by_label(bits)
+    assert list(lines["salience"].get_xdata()) == [0.125, 0.25]
+    np.testing.assert_allclose(lines["snapkv"].get_ydata(), [1.5 + 0.3, 1.5 + 0.15])
+    np.testing.assert_allclose(lines["dense (full cache)"].get_ydata(), [1.5, 1.5])  # the reference line
+    assert lines["salience"].get_color() == viz.selector_style("topology")[0]  # salience is topology's ranking
+    bars = errorbars_by_label(quarter)
+    assert set(bars) == {"dense (full cache)", "salience", "streaming", "snapkv"}
+    streaming = next(r for r in rows if r["policy"] == "streaming" and r["cache_fraction"] == 0.25)["retrieval"]
+    np.testing.assert_allclose(bars["streaming"].lines[0].get_ydata(), [c["accuracy"] for c in streaming.values()])
+    np.testing.assert_allclose(bar_spans(bars["streaming"]), [[c["ci_low"], c["ci_high"]] for c in streaming.values()])
+    assert [t.get_text() for t in quarter.get_xticklabels()] == ["single_needle", "multi_key"]
+    without = [dict(r, retrieval={}) for r in rows]  # a run with --no-retrieval: the bits panel only
+    assert len(viz.plot_lm_eviction(without).axes) == 1
+
+
+def test_plot_lm_eviction_errors_name_the_argument():
+    from lm_standin import eviction_result
+
+    rows = eviction_result()["rows"]
+    with pytest.raises(ValueError, match="rows are empty"):
+        viz.plot_lm_eviction([])
+    with pytest.raises(ValueError, match=r"rows: eviction row 0 lacks \['bits_per_byte'\]"):
+        viz.plot_lm_eviction([{k: v for k, v in rows[0].items() if k != "bits_per_byte"}])
+    broken = dict(rows[1], retrieval={"multi_key": {"accuracy": 0.5}})
+    with pytest.raises(ValueError, match=r"rows: eviction row 1's retrieval row 0 lacks \['ci_low', 'ci_high'\]"):
+        viz.plot_lm_eviction([rows[0], broken])
 
 
 def test_plot_lm_recall_mean_over_heads_per_layer():

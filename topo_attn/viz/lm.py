@@ -2,7 +2,9 @@
 
 Each function takes one section of the study's results (the JSON's ``perplexity``, ``retrieval``, ``recall`` or
 ``speed`` rows: a list of dicts, or a pandas DataFrame of them such as
-:func:`topo_attn.lm.results.lm_quality_tables` gives) and returns a new figure. A configuration is an
+:func:`topo_attn.lm.results.lm_quality_tables` gives; or the ``rows`` of the retrieval suite,
+``python -m topo_attn.lm retrieval``, and of KV-cache eviction, ``python -m topo_attn.lm eviction``) and returns a
+new figure. A configuration is an
 ``attention`` name and a ``budget`` (extra key blocks per query block): ``sdpa`` and the kit's ``dense`` have no
 budget and are drawn as references, ``window`` has budget 0 and is drawn as a point, every other name is a
 selector drawn through its budgets. Names the figures do not know (a selector added later) get a colour of
@@ -29,6 +31,14 @@ REFERENCE_STYLES = {"sdpa": ("SDPA (dense causal)", "0.15", "-"), "dense": ("kit
 FALLBACK_COLORS = ("#17becf", "#9467bd", "#e377c2", "#2ca02c", "#ff7f0e", "#1f77b4", "#bc80bd", "#8dd3c7")
 FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h")
 BITS_LABEL = "bits per byte (lower is better)"
+DENSE_GATE = 0.9
+"""The accuracy ``dense`` must reach on every task and distance of the retrieval suite before selectors are compared
+(:data:`topo_attn.lm.retrieval_runner.DENSE_THRESHOLD`; a test keeps the two equal)."""
+GATE_STYLE = dict(color="#d62728", ls=":", lw=1.2)
+POLICY_STYLE_OF = {"salience": "topology"}
+"""Eviction policies drawn in a selector's style: elder-rule salience is topology's ranking."""
+RETRIEVAL_SUITE_KEYS = ("task", "distance", "attention", "accuracy", "ci_low", "ci_high")
+EVICTION_KEYS = ("policy", "cache_fraction", "bits_per_byte", "retrieval")
 VISITED_LABEL = "visited fraction of the causal blocks"
 
 
@@ -47,6 +57,14 @@ def _records(rows: Sequence[Mapping] | object, section: str) -> list[dict]:
     if not records:
         raise ValueError(f"{section} rows are empty: nothing to plot")
     return records
+
+
+def _check_keys(records: list[dict], keys: Sequence[str], section: str) -> None:
+    """``ValueError`` naming ``rows`` for the first of ``records`` that lacks one of ``keys``."""
+    for i, record in enumerate(records):
+        missing = [k for k in keys if k not in record]
+        if missing:
+            raise ValueError(f"rows: {section} row {i} lacks {missing}; expected keys {list(keys)}")
 
 
 def _budget(row: Mapping) -> int | None:
@@ -194,6 +212,36 @@ def plot_lm_positions(rows: Sequence[Mapping] | object, budget: int, title: str 
     return fig
 
 
+def _distance_axis(ax, distances: Sequence[int], label: str) -> None:
+    """A log2 x axis with a tick at each distance, written ``1k``, ``2k`` ... where a multiple of 1024."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(list(distances)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g}k" if v and v % 1024 == 0 else f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+    ax.grid(True, alpha=0.3)
+
+
+def _accuracy_axis(ax, label: str) -> None:
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel(label)
+
+
+def _interval(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """``(accuracy, [below, above])`` of cells with ``accuracy``, ``ci_low``, ``ci_high``: the error bars."""
+    y = np.array([float(r["accuracy"]) for r in records])
+    low = np.array([float(r["ci_low"]) for r in records])
+    high = np.array([float(r["ci_high"]) for r in records])
+    return y, np.vstack([np.clip(y - low, 0, None), np.clip(high - y, 0, None)])
+
+
+def _dodge(count: int, spread: float) -> np.ndarray:
+    """Offsets of ``count`` series side by side, centred on 0, ``spread`` apart (so error bars do not cover each
+    other)."""
+    return (np.arange(count) - (count - 1) / 2) * spread
+
+
 # ---------------------------------------------------------------------------------------------- passkey
 def plot_lm_retrieval(rows: Sequence[Mapping] | object, budget: int, title: str | None = None) -> Figure:
     """The passkey probe at one ``budget``: exact-match rate (left) and loss on the repeated value's bytes
@@ -221,15 +269,170 @@ def plot_lm_retrieval(rows: Sequence[Mapping] | object, budget: int, title: str 
         loss_ax.set_yscale("log")
         loss_ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     for ax in (exact_ax, loss_ax):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(distances))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1024:g}k" if v and v % 1024 == 0
-                                                   else f"{v:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("distance between the two copies (bytes)")
-        ax.grid(True, alpha=0.3)
+        _distance_axis(ax, distances, "distance between the two copies (bytes)")
     _legend(fig, (exact_ax, loss_ax))
     fig.suptitle(title or f"Passkey retrieval at budget {budget}", fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------------------- retrieval suite
+def plot_lm_retrieval_suite(rows: Sequence[Mapping] | object, budget: int | None = None,
+                            title: str | None = None) -> Figure:
+    """The retrieval suite (``python -m topo_attn.lm retrieval``): one panel per task, exact-match accuracy against
+    the distance from the needle to the answer, one line per configuration with its 95% interval (``ci_low`` ..
+    ``ci_high``) as error bars, and the dense gate (:data:`DENSE_GATE`, the accuracy ``dense`` must reach) as a
+    horizontal line. The lines of one panel are set slightly apart along the distance (a factor within
+    ``2 ** +-0.1``) so that their bars stay apart.
+
+    Parameters
+    ----------
+    rows : the suite's ``rows`` (dicts, or a DataFrame of them), each with ``task``, ``distance``, ``attention``,
+        ``budget`` (None for ``sdpa`` and ``dense``), ``accuracy``, ``ci_low``, ``ci_high`` and ``n``.
+    budget : draw the selectors at this budget only (``sdpa`` and ``dense`` always); None: every budget of every
+        selector is its own line (``quest 6``, ``quest 30``).
+    title : the figure's title (default: says the budget and the interval).
+
+    Returns
+    -------
+    Figure with one axes per task, in the rows' order.
+
+    Raises
+    ------
+    ValueError: ``rows`` is empty or a row lacks one of :data:`RETRIEVAL_SUITE_KEYS`; ``budget`` is not among the
+        rows' budgets.
+    """
+    records = _records(rows, "retrieval suite")
+    _check_keys(records, RETRIEVAL_SUITE_KEYS, "retrieval suite")
+    if budget is not None:
+        _check_budget(records, budget, "retrieval suite")
+    tasks = list(dict.fromkeys(str(r["task"]) for r in records))
+    distances = sorted({int(r["distance"]) for r in records})
+    budgets = sorted({b for r in records if (b := _budget(r)) is not None})
+    if budget is None:
+        configs = list(dict.fromkeys((str(r["attention"]), _budget(r)) for r in records))
+    else:
+        configs = [(name, None if name in REFERENCES else 0 if name == "window" else budget)
+                   for name in _names(records) if _at_budget(records, name, budget)]
+    columns = min(len(tasks), 3)
+    panels = -(-len(tasks) // columns)
+    fig, axes = plt.subplots(panels, columns, figsize=(4.6 * columns, 3.6 * panels + 0.8), squeeze=False,
+                             sharey=True, layout="constrained")
+    for ax in axes.ravel()[len(tasks):]:
+        fig.delaxes(ax)
+    offsets = 2.0 ** _dodge(len(configs), min(0.2 / max(len(configs) - 1, 1), 0.05))
+    for ax, task in zip(axes.ravel(), tasks):
+        for (name, at_budget), offset in zip(configs, offsets):
+            cells = sorted((r for r in records if str(r["task"]) == task and str(r["attention"]) == name
+                            and _budget(r) == at_budget), key=lambda r: int(r["distance"]))
+            if not cells:
+                continue
+            label, color, marker, ls = _style_of(name)
+            if budget is None and at_budget is not None:
+                label = f"{name} {at_budget}"
+                ls = ("-", "--", "-.", ":")[budgets.index(at_budget) % 4]
+            y, error = _interval(cells)
+            ax.errorbar(np.array([int(r["distance"]) for r in cells]) * offset, y, yerr=error, color=color,
+                        marker=marker, ls=ls, capsize=3, markersize=5, lw=1.2, label=label)
+        ax.axhline(DENSE_GATE, **GATE_STYLE, label=f"dense gate ({DENSE_GATE:.0%})")
+        probes = sorted({int(r["n"]) for r in records if str(r["task"]) == task and "n" in r})
+        _accuracy_axis(ax, "exact match" + (f" (n = {'/'.join(map(str, probes))} per cell)" if probes else ""))
+        _distance_axis(ax, distances, "distance from the needle to the answer (bytes)")
+        ax.set_title(task, fontsize=10)
+    _legend(fig, axes.ravel()[:len(tasks)])
+    fig.suptitle(title or "Retrieval suite" + (f" at budget {budget}" if budget is not None else "")
+                 + ": exact match with its 95% interval", fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------- eviction
+def _policy_style(name: str) -> tuple[str, str, str, str]:
+    """``(label, colour, marker, linestyle)`` of an eviction policy (``dense``: the kit's dense reference)."""
+    if name == "dense":
+        return "dense (full cache)", REFERENCE_STYLES["dense"][1], "D", REFERENCE_STYLES["dense"][2]
+    color, marker, ls = selector_style(POLICY_STYLE_OF.get(name, name))
+    return name, color, marker, ls
+
+
+def _fraction_text(fraction: float) -> str:
+    return f"1/{1 / fraction:g}" if fraction < 1 and (1 / fraction).is_integer() else f"{fraction:g}"
+
+
+def plot_lm_eviction(rows: Sequence[Mapping] | object, title: str | None = None) -> Figure:
+    """KV-cache eviction (``python -m topo_attn.lm eviction``): bits per byte of the continuation per policy
+    against the cache fraction it keeps (first panel; ``dense``, the full cache, as a horizontal line), then, when
+    the rows have retrieval cells, one panel per cache fraction with each policy's exact-match accuracy per task
+    and its 95% interval (``ci_low`` .. ``ci_high``) as error bars, ``dense`` beside them. Per task rather than a
+    mean over tasks: the rows hold each task's interval, not one for the mean.
+
+    Parameters
+    ----------
+    rows : the eviction ``rows`` (dicts, or a DataFrame of them), each with ``policy``, ``cache_fraction``,
+        ``bits_per_byte`` and ``retrieval`` (per task a dict with ``accuracy``, ``ci_low``, ``ci_high``; empty for
+        a run with ``--no-retrieval``).
+    title : the figure's title.
+
+    Returns
+    -------
+    Figure with ``1 + (number of cache fractions below 1)`` axes, or one axes when no row has retrieval cells.
+
+    Raises
+    ------
+    ValueError: ``rows`` is empty, a row lacks one of :data:`EVICTION_KEYS`, or a retrieval cell lacks
+        ``accuracy``, ``ci_low`` or ``ci_high``.
+    """
+    records = _records(rows, "eviction")
+    _check_keys(records, EVICTION_KEYS, "eviction")
+    for i, r in enumerate(records):
+        if not isinstance(r["retrieval"], Mapping):
+            raise ValueError(f"rows: eviction row {i}'s retrieval is not a dict of tasks, got {r['retrieval']!r}")
+        _check_keys([dict(cell, task=task) for task, cell in r["retrieval"].items()],
+                    ("task", "accuracy", "ci_low", "ci_high"), f"eviction row {i}'s retrieval")
+    dense = [r for r in records if r["policy"] == "dense"]
+    policies = list(dict.fromkeys(str(r["policy"]) for r in records if r["policy"] != "dense"))
+    fractions = sorted({float(r["cache_fraction"]) for r in records if r["policy"] != "dense"}, reverse=True)
+    tasks = list(dict.fromkeys(t for r in records for t in r["retrieval"]))
+    shown = fractions if tasks else []
+    fig, axes = plt.subplots(1, 1 + len(shown), figsize=(5.4 + 4.8 * len(shown), 4.4), squeeze=False,
+                             layout="constrained")
+    bits_ax = axes[0][0]
+    if dense:
+        label, color, _, ls = _policy_style("dense")
+        bits_ax.axhline(float(dense[0]["bits_per_byte"]), color=color, ls=ls, lw=1.3, label=label)
+    for name in policies:
+        at = sorted((r for r in records if r["policy"] == name), key=lambda r: float(r["cache_fraction"]))
+        label, color, marker, ls = _policy_style(name)
+        bits_ax.plot([float(r["cache_fraction"]) for r in at], [float(r["bits_per_byte"]) for r in at],
+                     color=color, marker=marker, ls=ls, label=label)
+    if fractions:
+        bits_ax.set_xscale("log", base=2)
+        bits_ax.xaxis.set_major_locator(FixedLocator(fractions))
+        bits_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fraction_text(v)))
+        bits_ax.xaxis.set_minor_locator(NullLocator())
+    bits_ax.set_xlabel("cache kept (fraction of the context's blocks)")
+    bits_ax.set_ylabel(BITS_LABEL + ", continuation")
+    bits_ax.set_title("perplexity of the continuation", fontsize=10)
+    bits_ax.grid(True, alpha=0.3)
+    x = np.arange(len(tasks))
+    names = (["dense"] if dense else []) + policies
+    offsets = _dodge(len(names), 0.8 / max(len(names), 1))
+    for ax, fraction in zip(axes[0][1:], shown):
+        for name, offset in zip(names, offsets):
+            at = dense if name == "dense" else [r for r in records if r["policy"] == name
+                                                 and float(r["cache_fraction"]) == fraction]
+            cells = [(i, at[0]["retrieval"][t]) for i, t in enumerate(tasks) if at and t in at[0]["retrieval"]]
+            if not cells:
+                continue
+            label, color, marker, _ = _policy_style(name)
+            y, error = _interval([c for _, c in cells])
+            ax.errorbar(np.array([x[i] for i, _ in cells]) + offset, y, yerr=error, color=color, marker=marker,
+                        ls="none", capsize=3, markersize=5, label=label)
+        _accuracy_axis(ax, "exact match")
+        ax.set_xticks(x, tasks, rotation=20, ha="right", fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_title(f"retrieval, cache {_fraction_text(fraction)} (dense: full cache)", fontsize=10)
+    _legend(fig, axes)
+    fig.suptitle(title or "KV-cache eviction: quality kept per policy (retrieval with its 95% interval)",
+                 fontsize=10)
     return fig
 
 

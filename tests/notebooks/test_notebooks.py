@@ -149,14 +149,18 @@ def test_benchmark_notebook_says_when_there_are_no_results(tmp_path):
 def test_language_model_notebook_renders_results(tmp_path):
     """Notebook 06 on a stand-in of the study's results (tests/lm_standin.py): the header, the summary
     table and a figure per section, at the budget asked for."""
-    from lm_standin import lm_result  # in tests/
+    from lm_standin import eviction_result, lm_result, retrieval_suite_result  # in tests/
 
     results = tmp_path / "lm_quality.json"
     results.write_text(json.dumps(lm_result()))
+    (tmp_path / "lm_retrieval.json").write_text(json.dumps(retrieval_suite_result()))
+    (tmp_path / "lm_eviction.json").write_text(json.dumps(eviction_result()))
     out, = run_notebook(NOTEBOOK_DIR / "06_language_model.ipynb", tmp_path / "out",
                         {**SMALL, "results": str(results), "strict_results": str(results), "budget": 2,
                          "research": str(tmp_path / "missing.json"),
-                         "token_results": [str(tmp_path / "missing_token.json")]}, html=False)
+                         "token_results": [str(tmp_path / "missing_token.json")],
+                         "retrieval_results": str(tmp_path / "lm_retrieval.json"),
+                         "eviction_results": str(tmp_path / "lm_eviction.json")}, html=False)
     nb = nbformat.read(out, as_version=4)
     text = outputs_text(nb)
     assert "NVIDIA Test GPU" in text and "commit abc1234" in text  # the header
@@ -164,7 +168,14 @@ def test_language_model_notebook_renders_results(tmp_path):
     assert "at budget 2" in text and "bits/byte" in text
     assert "No research results to show" in text and "bits per byte at positions 4k-8k" in text
     assert "Not shown: no language-model results at" in text and "missing_token.json" in text
-    assert figures(nb) == 7  # training, Pareto front (pooled, strict), positions, retrieval, recall, speed
+    # the retrieval suite and KV-cache eviction: each runner's table, with the command and the commit
+    assert "python -m topo_attn.lm retrieval`" in text and "| single_needle | quest | 6 | 25% [0%, 75%] |" in text
+    assert "dense reaches 90% on every task and distance: yes" in text
+    assert "python -m topo_attn.lm eviction`" in text
+    assert "| salience | 0.25 | 32 | 25.8% | 1.550 | +0.050 | 75% [25%, 100%] |" in text
+    # training, Pareto front (pooled, strict), positions, retrieval, recall, speed; the retrieval suite at each of
+    # its budgets (6, 30); eviction
+    assert figures(nb) == 10
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

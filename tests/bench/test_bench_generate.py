@@ -74,3 +74,20 @@ def test_fill_and_rewind_keep_the_statistics(device):
         lo, hi = key_block_bounds(layer.keys[:, :, :48], 16)
         assert torch.equal(stats.lo[:, :, :3], lo.to(stats.lo.dtype))
         assert torch.equal(stats.hi[:, :, :3], hi.to(stats.hi.dtype))
+
+
+def test_the_table_leaves_missing_values_empty():
+    """A row read back from a result file (NaN for what it lacks) or read from a run's log (its time only)
+    shows empty cells, not ``nan`` or an error; a measured row shows every cell."""
+    from topo_attn.bench.generate import generate_markdown
+
+    measured = dict(case="c", attention="kit dense", budget_tokens=None, ms_per_token=2.0, attention_ms=0.5,
+                    vs_recipe=0.4, floor_ms=0.8, vs_floor=2.5, tokens_match=False, matching_tokens=18,
+                    new_tokens=32, first_logit_diff=0.09)
+    from_log = dict(case="c", attention="kit quest", budget_tokens=2048, ms_per_token=3.0, attention_ms=1.5,
+                    vs_recipe=0.1, new_tokens=32)
+    read_back = {**measured, "budget_tokens": float("nan"), "tokens_match": None, "first_logit_diff": float("nan")}
+    first, second, third = generate_markdown([measured, from_log, read_back]).splitlines()[2:]
+    assert first == "| c | kit dense |  | 2.00 | 0.50 | 0.40x | 0.80 | 2.5x | NO | 18 / 33 | 9.00e-02 |"
+    assert second == "| c | kit quest | 2048 | 3.00 | 1.50 | 0.10x |  |  |  |  |  |"
+    assert third == "| c | kit dense |  | 2.00 | 0.50 | 0.40x | 0.80 | 2.5x |  | 18 / 33 |  |"

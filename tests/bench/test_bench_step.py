@@ -61,3 +61,15 @@ def test_step_case_rows_on_a_tiny_case(device):
     table = step_markdown(rows).splitlines()
     assert table[0] == "| " + " | ".join(STEP_COLUMNS) + " |" and len(table) == 2 + len(rows)
     assert all(line.startswith("| tiny | ") for line in table[2:])
+
+
+def test_the_table_leaves_missing_values_empty():
+    """topology's kept-row columns are empty on the other selectors' rows, whether the key is absent or NaN."""
+    from topo_attn.bench.step import step_markdown
+
+    row = dict(case="c", selector="quest", budget_tokens=2048, update_table_us=20.0, completing_us=30.0,
+               decode_us=13.5, dense_decode_us=39.4, selection_share=0.6)
+    table = step_markdown([row, {**row, "kept_us": float("nan"), "fill_us": None},
+                           {**row, "selector": "topology", "kept_us": 9.3, "fill_us": 4.8}]).splitlines()[2:]
+    assert table[0] == table[1] == "| c | quest | 2048 | 20.0 | 30.0 |  |  | 13.5 | 39.4 | 0.60 |"
+    assert table[2] == "| c | topology | 2048 | 20.0 | 30.0 | 9.3 | 4.8 | 13.5 | 39.4 | 0.60 |"

@@ -122,6 +122,16 @@ def kernel_results(tmp_path: Path) -> Path:
         rows=[{"case": "B1 S2k", **{c: 1.0 for c in build_columns}}])))
     (tmp_path / "salience_cpu.json").write_text(json.dumps({"command": "python tests/bench_salience.py",
                                                             "speedup": 18.5}))
+    header = dict(gpu="NVIDIA Test GPU", torch="9.9.9", triton="8.8.8", commit="abc1234", dirty=False,
+                  commit_source="test")
+    (tmp_path / "generate.json").write_text(json.dumps(dict(
+        suite="generate", command="python -m topo_attn.bench --suite generate", **header,
+        rows=[dict(case="B3 S7k", attention="kit quest", budget_tokens=2048, ms_per_token=2.5, attention_ms=0.7,
+                   vs_recipe=0.123, new_tokens=32)])))  # a row with its time only, as read from a log
+    (tmp_path / "step.json").write_text(json.dumps(dict(
+        suite="step", command="python -m topo_attn.bench --suite step", **header,
+        rows=[dict(case="B5 S9k", selector="quest", budget_tokens=2048, update_table_us=21.5, completing_us=30.0,
+                   decode_us=13.5, dense_decode_us=39.4, selection_share=0.61)])))
     return tmp_path
 
 
@@ -135,6 +145,8 @@ def test_benchmark_notebook_renders_results(tmp_path):
     assert "S4096" in text and "salience_cpu.json" in text  # the table, and the CPU benchmark apart
     assert "commit abc1234" in text  # the commit of the code, with each table
     assert "commit def5678 with uncommitted changes under topo_attn/" in text and "B1 S2k" in text
+    assert "| B3 S7k | kit quest | 2048 | 2.50 | 0.70 | 0.12x |" in text  # decoding inside generate()
+    assert "| B5 S9k | quest | 2048 | 21.5 | 30.0 |  |  | 13.5 | 39.4 | 0.61 |" in text  # one layer's step
     assert figures(nb) == 1
 
 

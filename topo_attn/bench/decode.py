@@ -70,7 +70,7 @@ from collections.abc import Callable
 import torch
 
 from .cases import Case
-from .table import markdown_header
+from .table import markdown_header, shown
 
 Q_LEN = 1
 """Query tokens per decode step."""
@@ -388,9 +388,6 @@ def decode_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_decode_case`): one line per path; the goals' ✓/✗ on
     the row they concern (bandwidth and speed-ups on ``ours 1/8``, the speed-ups at 128k keys only, the dense
     bound on ``ours dense``), empty where not applicable or not measured; a failed path shows ``failed``."""
-    def shown(value, form: str, unit: str = "") -> str:
-        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, form) + unit
-
     def mark(value: bool | None) -> str:
         return "" if value is None else ("✓" if value else "✗")
 

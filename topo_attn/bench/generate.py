@@ -41,7 +41,7 @@ import torch
 
 from .decode import peak_tbps_for
 from .model import build_model
-from .table import markdown_header
+from .table import markdown_header, shown
 
 RECIPE = "sdpa static cache compiled (recipe)"
 KIT_DENSE = "kit dense static cache compiled"
@@ -237,13 +237,18 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
 
 
 def generate_markdown(rows: list[dict]) -> str:
-    """The markdown table of ``rows`` (from :func:`run_generate_case`)."""
+    """The markdown table of ``rows`` (from :func:`run_generate_case`, or read back from a result file); a missing
+    value (a row read from a run's log has its time only) shows as an empty cell."""
     lines = markdown_header(GENERATE_COLUMNS, left=2)
     for r in rows:
-        match = "" if "tokens_match" not in r else ("yes" if r["tokens_match"] else "NO")
-        lines.append(f"| {r['case']} | {r['attention']} | {r['budget_tokens'] or ''} | {r['ms_per_token']:.2f} | "
-                     f"{r['attention_ms']:.2f} | {r['vs_recipe']:.2f}x | {r['floor_ms']:.2f} | "
-                     f"{r['vs_floor']:.1f}x | {match} | "
-                     f"{r['matching_tokens']} / {r['new_tokens'] + 1} | {r['first_logit_diff']:.2e} |")
+        match = r.get("tokens_match")
+        match = "" if match is None else ("yes" if match else "NO")
+        same = r.get("matching_tokens")
+        same = "" if same is None else f"{same:.0f} / {r['new_tokens'] + 1:.0f}"
+        lines.append(f"| {r['case']} | {r['attention']} | {shown(r.get('budget_tokens'), '.0f')} | "
+                     f"{shown(r['ms_per_token'], '.2f')} | {shown(r['attention_ms'], '.2f')} | "
+                     f"{shown(r['vs_recipe'], '.2f', 'x')} | {shown(r.get('floor_ms'), '.2f')} | "
+                     f"{shown(r.get('vs_floor'), '.1f', 'x')} | {match} | {same} | "
+                     f"{shown(r.get('first_logit_diff'), '.2e')} |")
     return "\n".join(lines)
 

@@ -12,7 +12,6 @@ transformers (the ``lm`` extra).
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..prefill_speed import calls_median_ms, prefill_speed_rows
-from .table import markdown_header
+from .table import markdown_header, shown
 
 LLAMA_1B = dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=5632, vocab_size=32000)
 """The model's shape beyond the case's heads and head dim (``hidden_size = heads * head_dim``)."""
@@ -60,9 +59,6 @@ def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool 
 
 def model_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_model_case`)."""
-    def shown(value, form: str, unit: str = "") -> str:  # None or NaN (no FlexAttention, no schedule): empty
-        return "" if value is None or math.isnan(value) else format(value, form) + unit
-
     lines = markdown_header(MODEL_COLUMNS, left=2)
     for r in rows:
         lines.append(f"| {r['case']} | {r['attention']} | {r.get('budget') or ''} | {shown(r['ms'], '.1f')} | "

@@ -32,7 +32,7 @@ import torch
 
 from .cases import Case
 from .generate import BUDGET_TOKENS
-from .table import markdown_header
+from .table import markdown_header, shown
 
 STEP_COLUMNS = ["case", "selector", "budget tokens", "update + table us", "completing us", "kept us", "fill us",
                 "decode us", "dense decode us", "selection share"]
@@ -105,14 +105,12 @@ def run_step_case(case: Case, timer: Callable[[Callable[[], object]], float], de
 
 
 def step_markdown(rows: list[dict]) -> str:
-    """The markdown table of ``rows`` (from :func:`run_step_case`)."""
-
-    def cell(row: dict, key: str) -> str:
-        return f"{row[key]:.1f}" if key in row else ""
-
+    """The markdown table of ``rows`` (from :func:`run_step_case`, or read back from a result file); a missing
+    value (``kept_us`` and ``fill_us`` are ``topology``'s only) shows as an empty cell."""
     lines = markdown_header(STEP_COLUMNS, left=2)
     for r in rows:
-        lines.append(f"| {r['case']} | {r['selector']} | {r['budget_tokens']} | {r['update_table_us']:.1f} | "
-                     f"{r['completing_us']:.1f} | {cell(r, 'kept_us')} | {cell(r, 'fill_us')} | "
-                     f"{r['decode_us']:.1f} | {r['dense_decode_us']:.1f} | {r['selection_share']:.2f} |")
+        lines.append(f"| {r['case']} | {r['selector']} | {r['budget_tokens']} | {shown(r['update_table_us'], '.1f')} | "
+                     f"{shown(r['completing_us'], '.1f')} | {shown(r.get('kept_us'), '.1f')} | "
+                     f"{shown(r.get('fill_us'), '.1f')} | {shown(r['decode_us'], '.1f')} | "
+                     f"{shown(r['dense_decode_us'], '.1f')} | {shown(r['selection_share'], '.2f')} |")
     return "\n".join(lines)

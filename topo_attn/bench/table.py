@@ -1,7 +1,8 @@
-"""The markdown tables the benchmark suites print: one header helper for all of them."""
+"""The markdown tables the benchmark suites print: one header helper and one cell helper for all of them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -10,3 +11,11 @@ def markdown_header(columns: Sequence[str], left: int = 1) -> list[str]:
     left-aligned (``---``), the others right-aligned (``---:``)."""
     align = " --- |" * left + " ---: |" * (len(columns) - left)
     return ["| " + " | ".join(columns) + " |", "|" + align]
+
+
+def shown(value: object, form: str, unit: str = "") -> str:
+    """A table cell: ``value`` formatted by ``form`` with ``unit`` after it, or empty where it is missing (None,
+    or a float NaN: a path not run, a column a row does not have, a cell read back from a data frame)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return format(value, form) + unit

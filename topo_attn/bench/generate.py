@@ -188,11 +188,10 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
         cache = cache_type(model.config, max_cache_len=max_len)
         fill_static_cache(cache, model, batch, context)
         salience = selector is not None and SELECTORS[selector].topology_aware
-        if salience:  # what the prefill's attention would have made: the statistics, the buffers of kept rows
-            rewind(cache, context, block_sizes, salience)
+        if salience:  # the buffers of kept rows the prefill's attention would have made (each call rewinds)
             for layer in cache.layers:
                 state = getattr(layer.keys, STATIC_STATE_ATTRIBUTE)
-                state.keep_rows(state.stats[bs], case.sinks, case.window, budget_blocks)
+                state.keep_rows(state.block_stats(layer.keys, bs, salience), case.sinks, case.window, budget_blocks)
         one, _ = generate_ms(model, cache, ids, context, 1, block_sizes, repeats, warmup, salience)
         many, tokens = generate_ms(model, cache, ids, context, 1 + new_tokens, block_sizes, repeats, warmup, salience)
         logits = first_step_logits(model, cache, ids, context, block_sizes, salience)

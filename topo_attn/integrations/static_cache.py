@@ -65,9 +65,7 @@ class StaticLayerState:
                 raise ValueError("TopoStaticCache creates its block statistics at the first eager call (the "
                                  "prefill); run the prefill outside torch.compile")
             found = StaticBlockStats.for_cache(keys, block_size, torch.float32, salience=salience)
-            for buffer in (found.centroids, found.lo, found.hi, found.salience, found.counters):
-                if buffer is not None:
-                    torch._dynamo.mark_static_address(buffer)
+            _mark_static(found)
             self.stats[block_size] = found
         elif salience and found.salience is None:
             raise ValueError("this TopoStaticCache's block statistics were made without the salience the "
@@ -80,8 +78,15 @@ class StaticLayerState:
         one-launch step keeps its rows for this rule (:meth:`StaticBlockStats.kept_table`); nothing inside a
         compiled region (the step then computes every row)."""
         if not torch.compiler.is_compiling() and (sinks, window, budget) not in stats.kept_tables:
-            for buffer in stats.kept_table(sinks, window, budget):
-                torch._dynamo.mark_static_address(buffer)
+            stats.kept_table(sinks, window, budget)
+            _mark_static(stats)
+
+
+def _mark_static(stats: StaticBlockStats) -> None:
+    """Mark every buffer of ``stats`` as a static address: a compiled step mutates them, and CUDA graphs are
+    skipped for a mutated input that is not static."""
+    for buffer in stats.buffers():
+        torch._dynamo.mark_static_address(buffer)
 
 
 class TopoStaticCache(StaticCache):

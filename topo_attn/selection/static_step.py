@@ -106,6 +106,12 @@ class StaticBlockStats:
                                      torch.full(lanes, -1, dtype=torch.int64, device=device))
         return self.kept_tables[key]
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the statistics hold (the centroids, bounds, salience, counters and the kept rows'
+        buffers): what a compiled step writes, so what must be marked as static addresses for CUDA graphs."""
+        held = [self.centroids, self.lo, self.hi, self.salience, self.counters]
+        return [t for t in held if t is not None] + [t for pair in self.kept_tables.values() for t in pair]
+
     def _forget_kept_tables(self) -> None:
         for _, last in self.kept_tables.values():
             last.fill_(-1)

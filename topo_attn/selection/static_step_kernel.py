@@ -388,9 +388,8 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
     batch, heads, _, dim = q.shape
     kv_heads, nb = first.shape[1], first.shape[2]
     width = sinks + window + 1 + budget
-    out = torch.empty((batch, kv_heads, width), dtype=torch.int32, device=q.device)
+    out = _empty_table(q, kv_heads, sinks, window, budget)
     keys = torch.empty((batch * kv_heads, nb if score != "none" else 1), dtype=torch.int64, device=q.device)
-    nb_pad = triton.next_power_of_2(nb)
     head_dim = triton.next_power_of_2(dim)
     cache, centroids, lo, hi, salience = update if update is not None else (first,) * 4 + (None,)
     bars = salience if salience is not None else first[..., 0]
@@ -418,6 +417,7 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
             num_warps=4 if max(chunk, merge_pad) <= 256 else 8,
         )
         return out
+    nb_pad = triton.next_power_of_2(nb)
     _step_table_kernel[(batch * kv_heads,)](
         q, first, second, length, keys, out,
         nb, kv_heads, block_size, sinks, window, min(budget, nb), width,
@@ -432,6 +432,12 @@ def static_step_table(q: torch.Tensor, first: torch.Tensor, second: torch.Tensor
         num_warps=4 if nb_pad <= 1024 else 8,
     )
     return out
+
+
+def _empty_table(q: torch.Tensor, kv_heads: int, sinks: int, window: int, budget: int) -> torch.Tensor:
+    """The uninitialised int32 table ``[B, H_kv, sinks + window + 1 + budget]`` on q's device (also what the ops'
+    fake implementations return)."""
+    return torch.empty((q.shape[0], kv_heads, sinks + window + 1 + budget), dtype=torch.int32, device=q.device)
 
 
 def score_operands(score: str, centroids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
@@ -457,7 +463,7 @@ def static_step_table_op(q: torch.Tensor, first: torch.Tensor, second: torch.Ten
 
 @static_step_table_op.register_fake
 def static_step_table_fake(q, first, second, length, counters, score, block_size, sinks, window, budget):
-    return q.new_empty((q.shape[0], first.shape[1], sinks + window + 1 + budget), dtype=torch.int32)
+    return _empty_table(q, first.shape[1], sinks, window, budget)
 
 
 @torch.library.custom_op("topo_attn::static_step_update_table",
@@ -481,4 +487,4 @@ def static_step_update_table_op(q: torch.Tensor, cache: torch.Tensor, centroids:
 @static_step_update_table_op.register_fake
 def static_step_update_table_fake(q, cache, centroids, lo, hi, salience, kept, last, counters, length, score,
                                   block_size, sinks, window, budget):
-    return q.new_empty((q.shape[0], centroids.shape[1], sinks + window + 1 + budget), dtype=torch.int32)
+    return _empty_table(q, centroids.shape[1], sinks, window, budget)

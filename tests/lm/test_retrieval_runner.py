@@ -132,6 +132,32 @@ def test_a_scorer_that_always_answers_right_gives_accuracy_1(setup, monkeypatch)
         assert r.get("minus_dense", 0) == 0
 
 
+def test_a_run_stopped_midway_keeps_what_it_measured(setup, monkeypatch):
+    """The file is written after every configuration from dense on: a run stopped during the third one leaves
+    sdpa's and dense's rows, marked incomplete with the rest listed as missing; a full run is complete."""
+    calls = []
+
+    def stops_at_the_third(model, probes, batch=1):
+        calls.append(len(probes))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return [dict(distance=p.distance, loss=0.0, exact=i % 2 == 0) for i, p in enumerate(probes)]
+
+    monkeypatch.setattr(retrieval_runner, "passkey_scores", stops_at_the_third)
+    out = setup / "stopped.json"
+    with pytest.raises(KeyboardInterrupt):
+        run_main(argv(setup, out, "--tasks", "multi_key"))
+    result = json.loads(out.read_text())
+    assert result["complete"] is False
+    assert result["missing"] == [list(c) for c in CONFIGS[2:]]
+    assert {(r["attention"], r["budget"]) for r in result["rows"]} == set(CONFIGS[:2])
+    assert all(r["n"] == PROBES for r in result["rows"])
+
+
+def test_a_full_run_is_complete(run):
+    assert run["result"]["complete"] is True and run["result"]["missing"] == []
+
+
 def test_probes_use_held_out_formats_and_are_seeded(setup):
     docs = np.load(setup / "docs.npz")["documents"]
     a = retrieval_runner.build_probes(docs, ["multi_value"], [DISTANCE], 3, seed=1, budget=2, block_size=BLOCK)

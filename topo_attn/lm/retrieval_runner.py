@@ -23,7 +23,8 @@ the one to quote for such cells), ``dense_reaches_90`` (whether ``dense`` answer
 and distance: the issue's condition before selectors are compared) and, for selectors, ``minus_dense``,
 ``minus_dense_low``, ``minus_dense_high`` (the accuracy minus dense's on the same probes, with its 95% paired
 bootstrap interval, :func:`~topo_attn.lm.intervals.paired_difference`). ``dense_gate`` sums the condition up.
-Written as JSON (``--out``; ``data/benchmarks/lm_retrieval_<gpu>.json``) with the GPU, versions, command and
+Written as JSON after every configuration from ``dense`` on (``complete``: whether all of them ran, ``missing``:
+the others), so a run stopped by a time limit keeps what it measured; written (``--out``; ``data/benchmarks/lm_retrieval_<gpu>.json``) with the GPU, versions, command and
 commit; :func:`topo_attn.lm.results.load_lm_retrieval` reads it.
 """
 
@@ -51,7 +52,7 @@ from .token_attention import TOKEN_SELECTORS
 from .train import probe_distances
 
 PROG = "python -m topo_attn.lm retrieval"
-DEFAULT_SELECTORS = tuple(s for s in ("topology", "centroid", "quest", "oracle") if s in TOKEN_SELECTORS)
+DEFAULT_SELECTORS = tuple(s for s in ("centroid", "quest", "oracle", "topology") if s in TOKEN_SELECTORS)
 DEFAULT_BUDGETS = (6, 30)
 DENSE_THRESHOLD = 0.9
 """The accuracy ``dense`` must reach on every task at every distance before selectors are compared."""
@@ -165,27 +166,40 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
     settings = argparse.Namespace(**vars(args), granularity="token", strict=False, dense_layers=[])
     configs = [("sdpa", None), ("dense", None)] + [(s, b) for s in args.selectors for b in args.budgets]
     started = time.perf_counter()
-    outcomes = {}
-    for attention, budget in tqdm(configs, desc="retrieval", disable=not cli.progress_enabled(args.progress)):
-        use_attention(model, attention, budget, settings)
-        outcomes[(attention, budget)] = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=args.batch)]
-    model.set_attn_implementation("sdpa")
-    rows = cell_rows(probes, outcomes)
-    result = dict(
+    header = dict(
         suite=LM_RETRIEVAL_SUITE, model=str(args.model),
         gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
         triton=triton.__version__,
         command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
         date=datetime.date.today().isoformat(), **code_version(), eval_set=str(eval_set_path(args)),
         documents=len(docs), length=length, block_size=args.block_size, sinks=args.sinks, window=args.window,
-        granularity="token", dtype=str(dtype).removeprefix("torch."), seed=args.seed, probes_per_cell=args.probes,
-        tasks=list(args.tasks), distances=distances,
+        granularity="token", dtype=str(dtype).removeprefix("torch."), seed=args.seed,
+        probes_per_cell=args.probes, tasks=list(args.tasks), distances=distances,
         formats={task: list(held_out_formats(task)) for task in args.tasks},
         scoring="exact match of the answer under greedy prediction (topo_attn.lm.evaluate.passkey_scores), "
                 "selectors per token (topo_attn.lm.token_attention): no look-ahead",
-        interval=INTERVAL, dense_gate=dense_gate(rows), rows=rows, seconds=time.perf_counter() - started)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        interval=INTERVAL)
+    outcomes = {}
+    for attention, budget in tqdm(configs, desc="retrieval", disable=not cli.progress_enabled(args.progress)):
+        use_attention(model, attention, budget, settings)
+        outcomes[(attention, budget)] = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=args.batch)]
+        if args.out and ("dense", None) in outcomes:  # what ran so far survives a time limit
+            write_result(args.out, header, probes, outcomes, configs, started)
+    model.set_attn_implementation("sdpa")
+    return write_result(args.out, header, probes, outcomes, configs, started)
+
+
+def write_result(out: str | None, header: dict, probes: list, outcomes: dict, configs: list,
+                 started: float) -> dict:
+    """The result of the module docstring from the outcomes so far (``outcomes``: ``("dense", None)`` among
+    them), written to ``out`` when given; ``complete`` says whether every configuration of ``configs`` ran
+    (``missing`` lists the others as ``[attention, budget]``)."""
+    rows = cell_rows(probes, outcomes)
+    missing = [list(c) for c in configs if c not in outcomes]
+    result = dict(header, complete=not missing, missing=missing, dense_gate=dense_gate(rows), rows=rows,
+                  seconds=time.perf_counter() - started)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
     return result
 
 

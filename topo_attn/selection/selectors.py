@@ -14,7 +14,9 @@ budgets compare at equal key/value blocks read. ``per_query_head=True`` gives ev
 The path from scores to schedule waits for no host sync: the scores are computed on the inputs' device (float32
 on a GPU; float64 on the CPU, the harness's exact reference), each row's best candidates come from one
 ``topk`` (:func:`~topo_attn.selection.topk.top_candidates`), and the CSR from arithmetic on rows of known
-width (:func:`~topo_attn.rule.budget_schedule`). Which selectors' scores are sync-free too: ``Selector.sync_free``.
+width (:func:`~topo_attn.rule.budget_schedule`); on a GPU one kernel does both for float32 scores
+(:mod:`~topo_attn.selection.budget_rows_kernel`, the same schedule in one launch). Which selectors' scores are
+sync-free too: ``Selector.sync_free``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .._checks import check_int, check_qkv
 from ..rule import base_block_mask, budget_schedule
 from ..schedule import BlockSchedule
 from ..topology import topology_schedule
+from . import budget_rows_kernel
 from .registry import SELECTORS, get, names
 from .selector import to_groups
 from .topk import top_candidates
@@ -83,6 +86,8 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
     first = (seq_len - q_len) // block_size
     rows = scores[..., first:, :]
     lanes = None if scores.ndim == 2 else (scores.shape[0], scores.shape[1])
+    if rows.is_cuda and budget_rows_kernel.applies(rows):  # one launch instead of ~40 small ones
+        return budget_rows_kernel.budget_rows(rows, block_size, seq_len, sinks, window, budget, q_len, lanes)
     return budget_schedule(top_candidates(rows, first, sinks, window, budget), block_size, seq_len, sinks, window,
                            q_len, lanes)
 

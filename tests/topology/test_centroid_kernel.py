@@ -105,3 +105,34 @@ def test_block_centroids_on_cuda_equal_the_cpu_path(seq, block_size, dim):
     assert torch.equal(got.cpu(), block_centroids(keys, block_size))
     view = keys.transpose(1, 2).contiguous().cuda().transpose(1, 2)  # [B, H, S, D] with S-major strides
     assert torch.equal(block_centroids(view, block_size).cpu(), block_centroids(keys, block_size))
+
+
+@pytest.mark.parametrize("key_dtype, dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float64),
+                                              (torch.float32, torch.float32)])
+@pytest.mark.parametrize("lanes, seq, block_size, dim", SHAPES)
+def test_block_statistics_in_one_pass(lanes, seq, block_size, dim, key_dtype, dtype, device):
+    """block_statistics_kernel: the same means as block_centroids_kernel, and the element-wise minimum and
+    maximum of each block's real rows (a partial last block's padding never counts), exactly: they are keys."""
+    from topo_attn.selection.stats import key_block_bounds
+    from topo_attn.topology.gpu.centroids import block_statistics_kernel
+
+    keys = _keys(lanes, seq, dim, key_dtype, seed=seq * 7 + dim + block_size)
+    if seq % block_size:  # a partial last block of large keys: a padded zero would be its minimum or maximum
+        keys[:, -(seq % block_size):] = keys[:, -(seq % block_size):].abs() + 1
+        keys[1 % lanes, -1] = -keys[1 % lanes, -1]
+    mean, lo, hi = block_statistics_kernel(keys.to(device), block_size, dtype)
+    want_lo, want_hi = key_block_bounds(keys, block_size, dtype)  # the torch path, on the CPU
+    assert lo.dtype == hi.dtype == mean.dtype == dtype
+    assert torch.equal(lo.cpu(), want_lo) and torch.equal(hi.cpu(), want_hi)
+    assert torch.equal(mean.cpu(), block_centroids_kernel(keys.to(device), block_size, dtype).cpu())
+
+
+def test_block_statistics_of_strided_keys(device):
+    from topo_attn.selection.stats import key_block_bounds
+    from topo_attn.topology.gpu.centroids import block_statistics_kernel
+
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randn(200, 3, 64, generator=gen).to(torch.bfloat16).transpose(0, 1)  # strides (D, L * D, 1)
+    _, lo, hi = block_statistics_kernel(keys.to(device), 64, torch.float32)
+    want_lo, want_hi = key_block_bounds(keys, 64, torch.float32)
+    assert torch.equal(lo.cpu(), want_lo) and torch.equal(hi.cpu(), want_hi)

@@ -18,9 +18,15 @@ def key_block_bounds(k: torch.Tensor, block_size: int,
                      dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """The element-wise minimum and maximum of the keys of each block (a partial last block: its real rows),
     from the detached keys ``[..., S, D]``: ``(lo, hi)``, ``[..., n, D]`` each, in ``dtype`` (exact: the minimum
-    and maximum are keys)."""
+    and maximum are keys). On a GPU, float32 or float64 bounds come from one pass of the block-statistics kernel
+    (:func:`topo_attn.topology.gpu.centroids.block_statistics_kernel`)."""
     k = k.detach()
     seq = k.shape[-2]
+    if k.is_cuda and dtype in (torch.float32, torch.float64):  # one pass over the keys, one launch
+        from ..topology.gpu.centroids import block_statistics_kernel  # triton is imported on first use
+
+        _, lo, hi = block_statistics_kernel(k.reshape(-1, seq, k.shape[-1]), block_size, dtype)
+        return lo.view(*k.shape[:-2], *lo.shape[-2:]), hi.view(*k.shape[:-2], *hi.shape[-2:])
     full = seq // block_size
     lo_parts, hi_parts = [], []
     if full:

@@ -1,6 +1,7 @@
 """Triton kernel for the key-block centroids of ``topology.block_centroids``: the mean of each block of
 ``block_size`` key rows, summed in the result's dtype (float32 or float64) and divided by the block's real row
-count (``block_size``, or fewer for a partial last block).
+count (``block_size``, or fewer for a partial last block). In the same pass it can also keep the element-wise
+minimum and maximum of the block's rows (Quest's page bounds, ``selection.stats.key_block_bounds``).
 
 One program per (block, lane, feature tile): it reads its block's rows in chunks of :data:`ROW_CHUNK`, so the
 keys are read once, in their own dtype and strides, with no padded or converted copy.
@@ -26,8 +27,9 @@ were in the code")."""
 
 
 @triton.jit
-def _centroid_kernel(Keys, KeysAt, Out, seq, dim, block_size, stride_kl, stride_ks, stride_kd, stride_ol, stride_on,
-                     stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INDIRECT: tl.constexpr, PDL: tl.constexpr):
+def _centroid_kernel(Keys, KeysAt, Out, Lo, Hi, seq, dim, block_size, stride_kl, stride_ks, stride_kd, stride_ol,
+                     stride_on, stride_od, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, INDIRECT: tl.constexpr,
+                     BOUNDS: tl.constexpr, PDL: tl.constexpr):
     wait_for_inputs(PDL)
     if INDIRECT:  # -- the keys' address read when the program runs (a CUDA graph replayed for moving keys)
         Keys = tl.load(KeysAt).to(tl.pointer_type(Keys.dtype.element_ty))
@@ -39,17 +41,27 @@ def _centroid_kernel(Keys, KeysAt, Out, seq, dim, block_size, stride_kl, stride_
     cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     keys = Keys + lane * stride_kl + start * stride_ks + cols[None, :].to(tl.int64) * stride_kd
     acc = tl.zeros([BLOCK_D], Out.dtype.element_ty)
+    lo = tl.full([BLOCK_D], float("inf"), Out.dtype.element_ty)
+    hi = tl.full([BLOCK_D], float("-inf"), Out.dtype.element_ty)
     for r in range(0, count, BLOCK_R):
         # -- a chunk of rows, masked past the block's end and the head dim, converted and summed over rows
         mask = (r + rows[:, None] < count) & (cols[None, :] < dim)
         x = tl.load(keys + (r + rows[:, None]).to(tl.int64) * stride_ks, mask=mask, other=0.0)
-        acc += tl.sum(x.to(Out.dtype.element_ty), 0)
+        x = x.to(Out.dtype.element_ty)
+        acc += tl.sum(x, 0)
+        if BOUNDS:  # -- the element-wise extremes of the real rows
+            lo = tl.minimum(lo, tl.min(tl.where(mask, x, float("inf")), 0))
+            hi = tl.maximum(hi, tl.max(tl.where(mask, x, float("-inf")), 0))
     # -- the mean, correctly rounded as torch's (fp32 `/` is approximate in Triton, fp64 `/` is not)
     if Out.dtype.element_ty == tl.float32:
         mean = tl.math.div_rn(acc, count.to(tl.float32))
     else:
         mean = acc / count.to(tl.float64)
-    tl.store(Out + lane * stride_ol + block.to(tl.int64) * stride_on + cols * stride_od, mean, mask=cols < dim)
+    at = lane * stride_ol + block.to(tl.int64) * stride_on + cols * stride_od
+    tl.store(Out + at, mean, mask=cols < dim)
+    if BOUNDS:
+        tl.store(Lo + at, lo, mask=cols < dim)
+        tl.store(Hi + at, hi, mask=cols < dim)
 
 
 def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64,
@@ -84,7 +96,30 @@ def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dty
     block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))
     block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
     grid = (n, lanes, triton.cdiv(dim, block_d))
-    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, seq, dim, block_size, *keys.stride(),
-                           *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=keys_at is not None,
-                           num_warps=NUM_WARPS, **pdl_options(out.device, lanes))
+    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, out, out, seq, dim, block_size,
+                           *keys.stride(), *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d,
+                           INDIRECT=keys_at is not None, BOUNDS=False, num_warps=NUM_WARPS,
+                           **pdl_options(out.device, lanes))
     return out
+
+
+def block_statistics_kernel(keys: torch.Tensor, block_size: int,
+                            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mean, element-wise minimum and element-wise maximum of each block of ``block_size`` key rows (a
+    partial last block: its real rows), in one pass over the keys: ``(mean, lo, hi)``, contiguous ``[L, n, D]``
+    each in ``dtype`` (float32 or float64; the extremes are keys, so exact). ``keys``: ``[L, S, D]``, any float
+    dtype and strides, on a CUDA device or (Triton's interpreter) the CPU. One launch, no host sync."""
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    lanes, seq, dim = keys.shape
+    n = triton.cdiv(seq, block_size)
+    mean, lo, hi = (torch.empty(lanes, n, dim, dtype=dtype, device=keys.device) for _ in range(3))
+    if mean.numel() == 0:
+        return mean, lo, hi
+    block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))
+    block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
+    grid = (n, lanes, triton.cdiv(dim, block_d))
+    _centroid_kernel[grid](keys, keys, mean, lo, hi, seq, dim, block_size, *keys.stride(), *mean.stride(),
+                           BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=False, BOUNDS=True, num_warps=NUM_WARPS,
+                           **pdl_options(mean.device, lanes))
+    return mean, lo, hi

@@ -459,7 +459,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
             host = time.perf_counter()
             events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             events[0].record()
-        query, key, value = query.contiguous(), key.contiguous(), value.contiguous()
+        # the kernels and the statistics read any strides: transformers' [B, S, H, D] views are not copied
         if settings.is_dense(layer_idx):
             schedule = _dense_schedule(backend, q_len, query.device)
         else:

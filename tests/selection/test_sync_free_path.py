@@ -93,12 +93,17 @@ def test_query_block_means_pool_the_group(length, offset):
 
 
 @pytest.mark.parametrize("batch, heads, kv_heads, seq, length, dim, block",
-                         [(1, 4, 2, 200, 200, 32, 16), (2, 2, 2, 130, 130, 20, 32), (1, 4, 1, 300, 17, 64, 16)])
+                         [(1, 4, 2, 200, 200, 32, 16), (2, 2, 2, 130, 130, 20, 32), (1, 4, 1, 300, 17, 64, 16),
+                          (1, 6, 2, 150, 150, 16, 16), (2, 4, 2, 100, 100, 32, 16)])
 def test_quest_kernel_matches_float64_bounds(batch, heads, kv_heads, seq, length, dim, block, device):
+    """Also a group of 3 heads (padded to 4 in the stacked operand) and, for the last case, queries in
+    transformers' layout (a [B, S, H, D] tensor viewed as [B, H, S, D])."""
     from topo_attn.selection.quest_kernel import quest_block_scores
 
     gen = torch.Generator().manual_seed(seq)
     q = torch.randn(batch, heads, length, dim, generator=gen)
+    if seq == 100:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
     k = torch.randn(batch, kv_heads, seq, dim, generator=gen)
     lo, hi = key_block_bounds(k, block, torch.float32)
     window = 1

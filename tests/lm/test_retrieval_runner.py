@@ -126,7 +126,7 @@ def test_a_scorer_that_always_answers_right_gives_accuracy_1(setup, monkeypatch)
     run_main(argv(setup, out, "--tasks", "multi_key", "plain_needle"))
     result = json.loads(out.read_text())
     assert calls == [2 * PROBES] * len(CONFIGS)  # every probe, once per configuration
-    assert result["dense_gate"] == dict(threshold=0.9, passed=True, failing=[])
+    assert result["dense_gate"] == dict(threshold=0.9, passed=True, failing=[], formats="held_out")
     for r in result["rows"]:
         assert r["accuracy"] == 1 and r["n"] == PROBES and r["ci_high"] == 1 and r["dense_reaches_90"]
         assert r.get("minus_dense", 0) == 0
@@ -156,6 +156,28 @@ def test_a_run_stopped_midway_keeps_what_it_measured(setup, monkeypatch):
 
 def test_a_full_run_is_complete(run):
     assert run["result"]["complete"] is True and run["result"]["missing"] == []
+
+
+def test_the_training_formats_diagnostic(setup):
+    """--formats training builds the probes in the tasks' training formats and says so in the file and the
+    table; the default is the held-out formats."""
+    from topo_attn.lm.retrieval import held_out_formats, training_formats
+
+    out = setup / "training.json"
+    printed = run_main(argv(setup, out, "--tasks", "multi_key", "--formats", "training"))
+    result = json.loads(out.read_text())
+    assert result["format_kind"] == "training" and result["dense_gate"]["formats"] == "training"
+    assert result["formats"] == {"multi_key": list(training_formats("multi_key"))}
+    assert "a diagnostic, not the gate" in printed
+    docs = np.load(setup / "docs.npz")["documents"]
+    probes = retrieval_runner.build_probes(docs, ["multi_key"], [DISTANCE], 4, seed=0, budget=1, block_size=BLOCK,
+                                           formats="training")
+    assert {p.format for p in probes} <= set(training_formats("multi_key"))
+    assert not {p.format for p in probes} & set(held_out_formats("multi_key"))
+
+
+def test_the_default_is_the_held_out_formats(run):
+    assert run["result"]["format_kind"] == "held_out" and run["result"]["dense_gate"]["formats"] == "held_out"
 
 
 def test_probes_use_held_out_formats_and_are_seeded(setup):

@@ -5,7 +5,9 @@ For a model folder (default ``data/lm``) and its held-out documents (``eval_set.
 ``python -m topo_attn.lm evaluate`` loads them), per task of ``--tasks`` and distance of ``--distances``,
 ``--probes`` probes are built (:func:`~topo_attn.lm.retrieval.probe_set`, seeded by ``--seed``) in the task's
 **held-out** line formats (:func:`~topo_attn.lm.retrieval.held_out_formats`), into the held-out documents as
-filler, each probe as long as the documents. ``single_needle`` gets ``budget = max(--budgets)`` and
+filler, each probe as long as the documents. ``--formats training`` builds them in the training formats instead,
+a diagnostic that separates a model that cannot retrieve from one that cannot read a new format (``format_kind``
+and ``dense_gate.formats`` say which; the gate counts for held-out formats only). ``single_needle`` gets ``budget = max(--budgets)`` and
 ``--block-size``, so its decoys outnumber every budget's blocks.
 
 Scoring: exact match of the answer under greedy prediction (:func:`~topo_attn.lm.evaluate.passkey_scores`:
@@ -45,7 +47,7 @@ from ..provenance import code_version
 from . import intervals
 from .evaluate import passkey_scores
 from .results import LM_RETRIEVAL_SUITE
-from .retrieval import TASKS, held_out_formats, probe_set
+from .retrieval import TASKS, held_out_formats, probe_set, training_formats
 from .study import (add_common_arguments, check_common_arguments, eval_set_path, load_documents, load_model,
                     use_attention)
 from .token_attention import TOKEN_SELECTORS
@@ -76,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(DEFAULT_BUDGETS),
                         help="key blocks per query token beyond sinks and window")
     parser.add_argument("--batch", type=int, default=4, help="probes per forward")
+    parser.add_argument("--formats", choices=("held_out", "training"), default="held_out",
+                        help="the tasks' line formats the probes use: held_out (the suite; default) or training "
+                             "(a diagnostic: whether the model retrieves at all in the formats it was trained "
+                             "on, which the 90%% gate does not count)")
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -98,16 +104,22 @@ def check_args(args: argparse.Namespace) -> None:
     check_common_arguments(args)
 
 
+def line_formats(task: str, kind: str = "held_out") -> tuple[str, ...]:
+    """``task``'s held-out formats (``kind="held_out"``, what the suite scores) or its training formats
+    (``"training"``, the diagnostic of ``--formats training``)."""
+    return held_out_formats(task) if kind == "held_out" else training_formats(task)
+
+
 def build_probes(docs: np.ndarray, tasks: list[str], distances: list[int], per_cell: int, seed: int,
-                 budget: int, block_size: int) -> list:
-    """Per task (in order), ``per_cell`` probes per distance in its held-out formats, built into ``docs``
-    (``uint8 [N, L]``), each ``L`` bytes long. Raises ``ValueError`` naming ``--distances`` when a distance does
-    not fit, or the generator's error when the documents cannot host a probe."""
+                 budget: int, block_size: int, formats: str = "held_out") -> list:
+    """Per task (in order), ``per_cell`` probes per distance in its ``formats`` (:func:`line_formats`), built
+    into ``docs`` (``uint8 [N, L]``), each ``L`` bytes long. Raises ``ValueError`` naming ``--distances`` when a
+    distance does not fit, or the generator's error when the documents cannot host a probe."""
     probes = []
     for task in tasks:
         options = dict(budget=budget, block_size=block_size) if task == "single_needle" else {}
         try:
-            probes += probe_set(task, docs, distances, per_cell, formats=held_out_formats(task), seed=seed,
+            probes += probe_set(task, docs, distances, per_cell, formats=line_formats(task, formats), seed=seed,
                                 **options)
         except ValueError as error:
             raise ValueError(f"argument --distances: {task} probes of {docs.shape[1]} bytes at distances "
@@ -161,7 +173,7 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
     length = int(docs.shape[1])
     distances = list(args.distances) if args.distances else probe_distances(length)
     probes = build_probes(docs, list(args.tasks), distances, args.probes, args.seed, max(args.budgets),
-                          args.block_size)
+                          args.block_size, args.formats)
     # study.use_attention's settings (granularity, strict, dense_layers): per-token selection, every layer sparse
     settings = argparse.Namespace(**vars(args), granularity="token", strict=False, dense_layers=[])
     configs = [("sdpa", None), ("dense", None)] + [(s, b) for s in args.selectors for b in args.budgets]
@@ -175,7 +187,7 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
         documents=len(docs), length=length, block_size=args.block_size, sinks=args.sinks, window=args.window,
         granularity="token", dtype=str(dtype).removeprefix("torch."), seed=args.seed,
         probes_per_cell=args.probes, tasks=list(args.tasks), distances=distances,
-        formats={task: list(held_out_formats(task)) for task in args.tasks},
+        format_kind=args.formats, formats={task: list(line_formats(task, args.formats)) for task in args.tasks},
         scoring="exact match of the answer under greedy prediction (topo_attn.lm.evaluate.passkey_scores), "
                 "selectors per token (topo_attn.lm.token_attention): no look-ahead",
         interval=INTERVAL)
@@ -196,7 +208,8 @@ def write_result(out: str | None, header: dict, probes: list, outcomes: dict, co
     (``missing`` lists the others as ``[attention, budget]``)."""
     rows = cell_rows(probes, outcomes)
     missing = [list(c) for c in configs if c not in outcomes]
-    result = dict(header, complete=not missing, missing=missing, dense_gate=dense_gate(rows), rows=rows,
+    gate = dict(dense_gate(rows), formats=header["format_kind"])  # the issue's gate counts held-out formats only
+    result = dict(header, complete=not missing, missing=missing, dense_gate=gate, rows=rows,
                   seconds=time.perf_counter() - started)
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
@@ -217,8 +230,9 @@ def markdown(result: dict) -> str:
             out.append("" if r is None else intervals.accuracy_text(r))
         lines.append("| " + " | ".join(out) + " |")
     gate = result["dense_gate"]
+    diagnostic = " (training formats: a diagnostic, not the gate)" if gate.get("formats") == "training" else ""
     lines.append(f"\ndense reaches {gate['threshold']:.0%} on every task and distance: "
-                 f"{'yes' if gate['passed'] else 'no'}")
+                 f"{'yes' if gate['passed'] else 'no'}{diagnostic}")
     return "\n".join(lines)
 
 

@@ -451,3 +451,23 @@ def test_import_topo_attn_does_not_import_transformers():
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"  # transformers loads on register(), not on import
+
+
+@pytest.mark.cuda
+def test_record_timings_gives_one_timing_per_layer_call():
+    """On a GPU: record_timings then timings give one LayerTiming per layer of a forward, with positive host,
+    schedule and kernel times, and the same logits as an untimed forward (the timed call only waits and records);
+    timings starts over after it is read."""
+    model = tiny_llama(torch.float16, "cuda")
+    ids = token_ids(1, 8 * BLOCK, "cuda")
+    name = tat.register(selector="centroid", block_size=BLOCK, sinks=1, window=1, budget=2, name="timed_centroid")
+    untimed = logits_with(model, name, ids)
+    tat.record_timings(name)
+    timed = logits_with(model, name, ids)
+    found = tat.timings(name)
+    tat.record_timings(name, enabled=False)
+    assert torch.equal(timed, untimed)
+    assert [t.layer for t in found] == [0, 1]
+    assert all(t.host_ms > 0 and t.select_ms > 0 and t.kernel_ms > 0 for t in found), found
+    with pytest.raises(ValueError, match="not recorded"):
+        tat.timings(name)

@@ -155,7 +155,9 @@ class LayerStats:
 @dataclass(frozen=True)
 class LayerTiming:
     """One whole-sequence call of a layer, timed (:func:`record_timings`): ``host_ms``, the host's time in the
-    attention function from its entry until the kernels are launched (nothing waited for); ``select_ms`` and
+    attention function from its entry until the kernels are launched, with the GPU idle when it starts (a timed
+    call waits for the GPU first, so the time is the Python and launch path alone, not a wait on a full launch
+    queue); ``select_ms`` and
     ``kernel_ms``, the GPU's time for the schedule (selection, or the dense schedule's lookup) and for the
     attention kernels, from CUDA events around each."""
 
@@ -292,9 +294,10 @@ def last_stats(name: str = "topo_attn") -> dict[int | None, LayerStats]:
 
 
 def record_timings(name: str = "topo_attn", enabled: bool = True) -> None:
-    """Start (or stop) timing the whole-sequence calls under ``name``: each call then records CUDA events around
-    its schedule and its kernels and its host time (a GPU only; :func:`timings` reads them). Starting again
-    forgets what was recorded. Raises ``KeyError`` for a name never registered."""
+    """Start (or stop) timing the whole-sequence calls under ``name``: each call then waits for the GPU, and
+    records CUDA events around its schedule and its kernels and its host time (a GPU only; :func:`timings` reads
+    them). The wait makes a timed forward slower than an untimed one: time the forward itself without this.
+    Starting again forgets what was recorded. Raises ``KeyError`` for a name never registered."""
     registered(name)
     _REGISTRY[name].timings = [] if enabled else None
 
@@ -455,7 +458,8 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     blocks_read = 0
     if q_len == kv_len:
         timed = backend.timings is not None and query.is_cuda
-        if timed:
+        if timed:  # the GPU drains first, so a full launch queue never holds the host inside the timed span
+            torch.cuda.synchronize(query.device)
             host = time.perf_counter()
             events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             events[0].record()

@@ -7,8 +7,8 @@ For a model folder (default ``data/lm``) and its held-out documents (``eval_set.
 **held-out** line formats (:func:`~topo_attn.lm.retrieval.held_out_formats`), into the held-out documents as
 filler, each probe as long as the documents. ``--formats training`` builds them in the training formats instead,
 a diagnostic that separates a model that cannot retrieve from one that cannot read a new format (``format_kind``
-and ``dense_gate.formats`` say which; the gate counts for held-out formats only). ``single_needle`` gets ``budget = max(--budgets)`` and
-``--block-size``, so its decoys outnumber every budget's blocks.
+and ``dense_gate.formats`` say which; the gate counts for held-out formats only). ``single_needle`` gets
+``budget = max(--budgets)`` and ``--block-size``, so its decoys outnumber every budget's blocks.
 
 Scoring: exact match of the answer under greedy prediction (:func:`~topo_attn.lm.evaluate.passkey_scores`:
 every byte of the answer is the model's most likely next byte given the true bytes before it). Selectors run
@@ -26,8 +26,9 @@ and distance: the issue's condition before selectors are compared) and, for sele
 ``minus_dense_low``, ``minus_dense_high`` (the accuracy minus dense's on the same probes, with its 95% paired
 bootstrap interval, :func:`~topo_attn.lm.intervals.paired_difference`). ``dense_gate`` sums the condition up.
 Written as JSON after every configuration from ``dense`` on (``complete``: whether all of them ran, ``missing``:
-the others), so a run stopped by a time limit keeps what it measured; written (``--out``; ``data/benchmarks/lm_retrieval_<gpu>.json``) with the GPU, versions, command and
-commit; :func:`topo_attn.lm.results.load_lm_retrieval` reads it.
+the others), so a run stopped by a time limit keeps what it measured (``--out``;
+``data/benchmarks/lm_retrieval_<gpu>.json``), with the GPU, versions, command and commit;
+:func:`topo_attn.lm.results.load_lm_retrieval` reads it.
 """
 
 from __future__ import annotations

@@ -211,7 +211,6 @@ def test_pooled_selection_would_fail_the_look_ahead_check(llama):
     """A control: choosing per query block from the block's mean query (the block backend's centroid, here
     through the same masked SDPA) changes earlier logits when later bytes change."""
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from topo_attn.selection import select
 

@@ -86,8 +86,9 @@ def quest_block_scores(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bloc
     rows = nb - first
     out = torch.full((batch, kv_heads, rows, nb), float("-inf"), dtype=torch.float32, device=q.device)
     group = heads // kv_heads
+    stacked = triton.next_power_of_2(group) * block_size  # rows of the stacked operand: 32 per warp, 4 to 16 warps
     _quest_kernel[(rows, batch * kv_heads)](
         q, lo, hi, out, q_offset + length, q_offset, first, nb, rows, kv_heads, window, *q.stride(), dim,
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK=block_size, TILE=TILE_N,
-        HEAD_DIM=max(16, triton.next_power_of_2(dim)), num_warps=8)
+        HEAD_DIM=max(16, triton.next_power_of_2(dim)), num_warps=min(16, max(4, stacked // 32)))
     return out

@@ -27,7 +27,6 @@ from .._checks import check_int, check_qkv
 from ..rule import base_block_mask, budget_schedule
 from ..schedule import BlockSchedule
 from ..topology import topology_schedule
-from . import budget_rows_kernel
 from .registry import SELECTORS, get, names
 from .selector import to_groups
 from .topk import top_candidates
@@ -86,8 +85,11 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
     first = (seq_len - q_len) // block_size
     rows = scores[..., first:, :]
     lanes = None if scores.ndim == 2 else (scores.shape[0], scores.shape[1])
-    if rows.is_cuda and budget_rows_kernel.applies(rows):  # one launch instead of ~40 small ones
-        return budget_rows_kernel.budget_rows(rows, block_size, seq_len, sinks, window, budget, q_len, lanes)
+    if rows.is_cuda:
+        from . import budget_rows_kernel  # triton is imported on first use
+
+        if budget_rows_kernel.applies(rows):  # one launch instead of ~40 small ones
+            return budget_rows_kernel.budget_rows(rows, block_size, seq_len, sinks, window, budget, q_len, lanes)
     return budget_schedule(top_candidates(rows, first, sinks, window, budget), block_size, seq_len, sinks, window,
                            q_len, lanes)
 

@@ -17,6 +17,8 @@ Layering: this module imports only :mod:`topo_attn._checks` and :mod:`topo_attn.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -139,6 +141,28 @@ def budget_row_widths(qb, sinks: int, window: int, budget: int):
     return sink_count + window_count + (qb - window - sinks).clip(min=0, max=budget)
 
 
+MAX_ENTRIES = 2**31 - 1
+"""The most entries a schedule's int32 offsets can address."""
+
+
+@functools.lru_cache(maxsize=64)
+def budget_entries(first: int, nb: int, sinks: int, window: int, budget: int) -> int:
+    """The entries of one lane's rows ``first .. nb - 1`` under the budget rule (:func:`budget_row_widths`),
+    kept for the sizes a model's layers repeat."""
+    return int(budget_row_widths(np.arange(first, nb), sinks, window, budget).sum())
+
+
+def check_budget_entries(lanes: int, first: int, nb: int, sinks: int, window: int, budget: int) -> int:
+    """The entries of a budget-rule schedule of ``lanes`` lanes (rows ``first .. nb - 1``); raises
+    ``ValueError`` when they exceed :data:`MAX_ENTRIES` (int32 offsets would wrap silently)."""
+    total = lanes * budget_entries(first, nb, sinks, window, budget)
+    if total > MAX_ENTRIES:
+        raise ValueError(f"the schedule would hold {total} block entries ({lanes} lanes of {nb - first} rows, "
+                         f"budget {budget}), more than its int32 offsets address ({MAX_ENTRIES}); use fewer lanes "
+                         f"(batch, heads) per call or a smaller budget")
+    return total
+
+
 def budget_schedule(chosen: torch.Tensor, block_size: int, seq_len: int, sinks: int, window: int,
                     q_len: int | None = None, lanes: tuple[int, int] | None = None) -> BlockSchedule:
     """The budget rule's CSR schedule, built by arithmetic without a host sync: row ``qb`` holds the sinks
@@ -180,7 +204,7 @@ def budget_schedule(chosen: torch.Tensor, block_size: int, seq_len: int, sinks: 
     base = torch.cat([sink_slots, window_slots], dim=1).expand(lane_count, rows, sinks + window + 1)
     slots = torch.cat([base, picks], dim=-1).sort(dim=-1).values  # the used slots first, in block order
     # CSR by arithmetic: the widths are known, the used slots lead each sorted row
-    nnz = lane_count * int(budget_row_widths(np.arange(first, nb), sinks, window, budget).sum())
+    nnz = check_budget_entries(lane_count, first, nb, sinks, window, budget)
     widths = budget_row_widths(qb[:, 0], sinks, window, budget).repeat(lane_count)  # [lanes * R], lane-major
     offsets = torch.zeros(widths.numel() + 1, dtype=torch.int64, device=device)
     torch.cumsum(widths, dim=0, out=offsets[1:])

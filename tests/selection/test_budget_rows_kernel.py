@@ -123,3 +123,15 @@ def test_applies():
     assert kernel.applies(torch.zeros(2, 2)) and kernel.applies(torch.zeros(2, 2, dtype=torch.bfloat16))
     assert not kernel.applies(torch.zeros(2, 2, dtype=torch.float64))
     assert not kernel.applies(torch.zeros(1, kernel.MAX_BLOCKS + 1))
+
+
+def test_a_schedule_too_large_for_int32_offsets_is_refused_before_any_work():
+    """512 lanes of 8192 rows with a budget of 1024 would hold more than 2**31 - 1 entries: a ValueError from the
+    sizes alone (the scores are an expanded view of one number, so nothing of that size exists)."""
+    from topo_attn.selection import selectors
+
+    scores = torch.zeros(1, 1, 1, 1).expand(512, 1, 8192, 8192)
+    with pytest.raises(ValueError, match="int32 offsets"):
+        selectors.schedule_from_scores(scores, 64, 8192 * 64, 1, 1, 1024)
+    small = torch.zeros(1, 1, 1, 1).expand(2, 1, 64, 64)
+    assert selectors.schedule_from_scores(small, 64, 64 * 64, 1, 1, 4).nnz > 0

@@ -24,14 +24,11 @@ sequences take the torch path.
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from ..rule import budget_row_widths
+from ..rule import budget_entries, check_budget_entries
 from ..schedule import BlockSchedule, num_blocks
 
 MAX_BLOCKS = 8192
@@ -104,13 +101,6 @@ def _budget_rows_kernel(
              mask=kb < qb - window_first + 1)
 
 
-@functools.lru_cache(maxsize=64)
-def lane_entries(first: int, nb: int, sinks: int, window: int, budget: int) -> int:
-    """The entries of one lane's rows ``first .. nb - 1`` (:func:`~topo_attn.rule.budget_row_widths`), kept
-    for the sizes a model's layers repeat."""
-    return int(budget_row_widths(np.arange(first, nb), sinks, window, budget).sum())
-
-
 def applies(scores: torch.Tensor) -> bool:
     """Whether :func:`budget_rows` takes these scores: not float64 (the exact reference ranks those by a stable
     sort) and at most :data:`MAX_BLOCKS` key blocks."""
@@ -141,8 +131,8 @@ def budget_rows(scores: torch.Tensor, block_size: int, seq_len: int, sinks: int,
     rows = nb - first
     scores4 = scores[None, None] if scores.ndim == 2 else scores
     lane_count = scores4.shape[0] * scores4.shape[1]
-    entries = lane_entries(first, nb, sinks, window, budget)
-    total = lane_count * entries
+    entries = budget_entries(first, nb, sinks, window, budget)
+    total = check_budget_entries(lane_count, first, nb, sinks, window, budget)
     offsets = torch.empty(lane_count * rows + 1, dtype=torch.int32, device=scores.device)
     indices = torch.empty(total, dtype=torch.int32, device=scores.device)
     block_n = max(16, triton.next_power_of_2(nb))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_int, check_qkv
-from ..rule import base_block_mask, budget_schedule
+from ..rule import base_block_mask, budget_schedule, check_budget_entries
 from ..schedule import BlockSchedule
 from ..topology import topology_schedule
 from .registry import SELECTORS, get, names
@@ -73,7 +73,8 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
 
     Raises:
         TypeError: a size is not an int.
-        ValueError: a size is negative, or ``n`` does not match ``seq_len`` and ``block_size``.
+        ValueError: a size is negative, ``n`` does not match ``seq_len`` and ``block_size``, or the schedule would
+            hold more entries than its int32 offsets address (:func:`~topo_attn.rule.check_budget_entries`).
     """
     block_size, seq_len = check_int("block_size", block_size, 1), check_int("seq_len", seq_len, 1)
     sinks, window, budget = check_int("sinks", sinks), check_int("window", window), check_int("budget", budget)
@@ -85,6 +86,7 @@ def schedule_from_scores(scores: torch.Tensor, block_size: int, seq_len: int, si
     first = (seq_len - q_len) // block_size
     rows = scores[..., first:, :]
     lanes = None if scores.ndim == 2 else (scores.shape[0], scores.shape[1])
+    check_budget_entries(1 if lanes is None else lanes[0] * lanes[1], first, nb, sinks, window, budget)
     if rows.is_cuda:
         from . import budget_rows_kernel  # triton is imported on first use
 

@@ -112,14 +112,15 @@ def _backends(block_size: int, sinks: int, window: int,
 
 def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch: int = 1, sinks: int = 1,
                        window: int = 1, topk: int | None = None, median_ms: Callable = calls_median_ms,
-                       with_flex: bool = True) -> list[dict]:
+                       with_flex: bool = True, after_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Rows (module docstring) of ``model`` (a transformers causal LM, in eval mode, on its device; left on
     ``sdpa``) prefilling ``batch`` sequences of ``seq_len`` random tokens (seeded by ``seq_len``), named ``name``
     in the rows' ``case``. The kit's backend uses blocks of ``block_size``, ``sinks`` and ``window``, and each
     selector's budget is ``topk`` blocks when given, else both ``n / 8`` (at least 1) and :data:`FIXED_BUDGET`.
     The heads, head dim and dtype recorded are the model's. ``median_ms(fn)`` times a call; FlexAttention (left
     out without ``with_flex``) that fails is reported on stderr and its row holds NaN. The syncs and the
-    per-layer timings are measured on a GPU only (NaN elsewhere)."""
+    per-layer timings are measured on a GPU only (NaN elsewhere). ``after_row(rows)`` is called with the rows
+    done so far (ratios included) after each attention, so a caller can keep them if the run is cut short."""
     import transformers
 
     from . import selection
@@ -184,6 +185,8 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
         # (on stderr as it goes: where the time went, compilation included, even if a later backend stalls)
         print(f"  {name}, {label} {budget or ''}: {row['ms']:.1f} ms per prefill, "
               f"{time.perf_counter() - started:.0f} s in all", file=sys.stderr, flush=True)
+        if after_row is not None:
+            after_row(_with_ratios(rows))
     model.set_attn_implementation("sdpa")
     return _with_ratios(rows)
 

@@ -88,7 +88,7 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake(case, median_ms, with_flex=True):
+    def fake(case, median_ms, with_flex=True, after_row=None):
         seen.append((case.name, median_ms, with_flex))
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
@@ -104,3 +104,38 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     assert data["suite"] == "model" and data["gpu"] == "NVIDIA Test GPU" and "torch" in data and "triton" in data
     assert data["command"] == f"python -m topo_attn.bench --suite model --no-flex --out {out}" and "commit" in data
     assert data["table"].splitlines()[2] == "| Llama-1B-shape B1 S8k b64 | sdpa |  | 1.0 | 1.00x |  |  |  |  |  | 0.00e+00 |"
+
+
+def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, tmp_path):
+    """The runner rewrites the file after every row of a model case: a run stopped during its second case
+    holds the first case's rows and the second's rows so far, marked partial."""
+    import json
+
+    from topo_attn.bench import runner
+
+    cases = SUITES["model"][:2]
+
+    def fake(case, median_ms, with_flex=True, after_row=None):
+        rows = []
+        for attention in ("no attention", "sdpa", "topo_attn dense"):
+            rows.append(dict(case=case.name, attention=attention, selector=None, budget=None, ms=2.0,
+                             vs_sdpa=1.0, vs_flex=float("nan"), visited_fraction=float("nan"),
+                             max_logit_diff=0.0))
+            after_row(list(rows))
+            if case is cases[1] and attention == "sdpa":
+                raise KeyboardInterrupt  # the run's time limit
+        return rows
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "run_model_case", fake)
+    out = tmp_path / "model.json"
+    with pytest.raises(KeyboardInterrupt):
+        runner.main(["--suite", "model", "--no-flex", "--out", str(out), "--no-progress", "--cases",
+                     *(c.name.split()[2] for c in cases)])
+    data = json.loads(out.read_text())
+    assert [(r["case"], r["attention"]) for r in data["rows"]] == [
+        (cases[0].name, "no attention"), (cases[0].name, "sdpa"), (cases[0].name, "topo_attn dense"),
+        (cases[1].name, "no attention"), (cases[1].name, "sdpa")]
+    assert data["partial"] == f"1 of 2 cases so far, and the rows of {cases[1].name} done so far"

@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             found = run_train_case(case, median_ms, with_flex=not args.no_flex)
         elif args.suite == "select":
             found = run_select_case(case, median_ms)
-        elif args.suite == "model":
-            found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex)
+        elif args.suite == "model":  # a long case keeps its rows so far (the file is rewritten after each)
+            found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex,
+                                   after_row=lambda part: write(finished + part, len(finished_cases), case.name))
         elif args.suite == "generate":
             found = run_generate_case(case)
         elif args.suite == "step":
@@ -138,21 +139,31 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS_DIR / f"{args.suite}_{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(rows: list[dict], done: int) -> str:
-        """The results file with the rows of the first ``done`` cases (rewritten after every case: a run cut
-        short keeps them, marked ``partial``); returns the table."""
+    def write(rows: list[dict], done: int, running: str | None = None) -> str:
+        """The results file with the rows of the first ``done`` cases, and those of case ``running`` so far
+        (rewritten after every case, and after every row of a model case: a run cut short keeps them, marked
+        ``partial``); returns the table."""
         table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
         result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                       command=command.strip(), date=time.strftime("%Y-%m-%d"), **version, rows=rows, table=table)
         if done < len(cases):
-            result["partial"] = f"{done} of {len(cases)} cases so far"
+            result["partial"] = f"{done} of {len(cases)} cases so far" + (
+                f", and the rows of {running} done so far" if running else "")
         if args.note:
             result["note"] = args.note
         out.write_text(json.dumps(result, indent=1))
         return table
 
+    finished: list[dict] = []  # the rows of the cases done
+    finished_cases: list[str] = []
+
+    def after_case(rows: list[dict], done: int) -> None:
+        finished[:] = rows
+        finished_cases[:] = [c.name for c in cases[:done]]
+        write(rows, done)
+
     rows = run_cases(cases, run_case, progress=args.progress, description=f"suite {args.suite}",
-                     after_case=write)
+                     after_case=after_case)
     print(write(rows, len(cases)))
     print(f"wrote {out}", file=sys.stderr)
     return 0

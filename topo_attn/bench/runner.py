@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             found = run_select_case(case, median_ms)
         elif args.suite == "model":  # a long case keeps its rows so far (the file is rewritten after each)
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex,
-                                   after_row=lambda part: write(finished + part, len(finished_cases), case.name))
+                                   after_row=lambda part: write(finished + part, cases_done, case.name))
         elif args.suite == "generate":
             found = run_generate_case(case)
         elif args.suite == "step":
@@ -154,12 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(result, indent=1))
         return table
 
-    finished: list[dict] = []  # the rows of the cases done
-    finished_cases: list[str] = []
+    finished: list[dict] = []  # the rows of the cases done, and how many
+    cases_done = 0
 
     def after_case(rows: list[dict], done: int) -> None:
-        finished[:] = rows
-        finished_cases[:] = [c.name for c in cases[:done]]
+        nonlocal cases_done
+        finished[:], cases_done = rows, done
         write(rows, done)
 
     rows = run_cases(cases, run_case, progress=args.progress, description=f"suite {args.suite}",

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rule import budget_entries, check_budget_entries
+from ..rule import budget_entries
 from ..schedule import BlockSchedule, num_blocks
 
 MAX_BLOCKS = 8192
@@ -132,7 +132,7 @@ def budget_rows(scores: torch.Tensor, block_size: int, seq_len: int, sinks: int,
     scores4 = scores[None, None] if scores.ndim == 2 else scores
     lane_count = scores4.shape[0] * scores4.shape[1]
     entries = budget_entries(first, nb, sinks, window, budget)
-    total = check_budget_entries(lane_count, first, nb, sinks, window, budget)
+    total = lane_count * entries  # within int32: checked by the caller (rule.check_budget_entries)
     offsets = torch.empty(lane_count * rows + 1, dtype=torch.int32, device=scores.device)
     indices = torch.empty(total, dtype=torch.int32, device=scores.device)
     block_n = max(16, triton.next_power_of_2(nb))

@@ -11,10 +11,10 @@ from .lm import (plot_lm_eviction, plot_lm_pareto, plot_lm_positions, plot_lm_re
 
 __all__ = ["EDGE_LABEL", "METHOD_STYLES", "METRIC_LABELS", "NOT_CAUSAL", "SCHEDULE_COLORS", "SCHEDULED",
            "SCHEDULED_COLOR", "SELECTOR_STYLES", "TOP_COLOR", "ScheduleExplorer", "display_figure", "pca_2d",
-           "plot_barcode", "plot_benchmark", "plot_centroids", "plot_lm_eviction", "plot_lm_pareto", "plot_lm_positions",
-           "plot_lm_recall", "plot_lm_retrieval", "plot_lm_retrieval_suite", "plot_lm_speed", "plot_lm_training",
-           "plot_persistence_diagram",
-           "plot_recall_vs_time", "plot_salience", "plot_schedule", "plot_selection_quality", "selector_style"]
+           "plot_barcode", "plot_benchmark", "plot_centroids", "plot_lm_eviction", "plot_lm_pareto",
+           "plot_lm_positions", "plot_lm_recall", "plot_lm_retrieval", "plot_lm_retrieval_suite", "plot_lm_speed",
+           "plot_lm_training", "plot_persistence_diagram", "plot_recall_vs_time", "plot_salience", "plot_schedule",
+           "plot_selection_quality", "selector_style"]
 
 
 def __getattr__(name: str):

@@ -85,21 +85,11 @@ def block_centroids_kernel(keys: torch.Tensor, block_size: int, dtype: torch.dty
     Raises:
         TypeError: ``dtype`` is not float32 or float64.
     """
-    if dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    _check_dtype(dtype)
     lanes, seq, dim = keys.shape
-    n = triton.cdiv(seq, block_size)
     if out is None:
-        out = torch.empty(lanes, n, dim, dtype=dtype, device=keys.device)
-    if out.numel() == 0:
-        return out
-    block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))
-    block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
-    grid = (n, lanes, triton.cdiv(dim, block_d))
-    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, out, out, seq, dim, block_size,
-                           *keys.stride(), *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d,
-                           INDIRECT=keys_at is not None, BOUNDS=False, num_warps=NUM_WARPS,
-                           **pdl_options(out.device, lanes))
+        out = torch.empty(lanes, triton.cdiv(seq, block_size), dim, dtype=dtype, device=keys.device)
+    _launch(keys, keys_at, out, None, block_size)
     return out
 
 
@@ -109,17 +99,31 @@ def block_statistics_kernel(keys: torch.Tensor, block_size: int,
     partial last block: its real rows), in one pass over the keys: ``(mean, lo, hi)``, contiguous ``[L, n, D]``
     each in ``dtype`` (float32 or float64; the extremes are keys, so exact). ``keys``: ``[L, S, D]``, any float
     dtype and strides, on a CUDA device or (Triton's interpreter) the CPU. One launch, no host sync."""
+    _check_dtype(dtype)
+    lanes, seq, dim = keys.shape
+    mean, lo, hi = (torch.empty(lanes, triton.cdiv(seq, block_size), dim, dtype=dtype, device=keys.device)
+                    for _ in range(3))
+    _launch(keys, None, mean, (lo, hi), block_size)
+    return mean, lo, hi
+
+
+def _check_dtype(dtype: torch.dtype) -> None:
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
+def _launch(keys: torch.Tensor, keys_at: torch.Tensor | None, out: torch.Tensor,
+            bounds: tuple[torch.Tensor, torch.Tensor] | None, block_size: int) -> None:
+    """:func:`_centroid_kernel` over ``keys [L, S, D]`` into ``out`` (and ``bounds = (lo, hi)``, with ``out``'s
+    strides), nothing when ``out`` is empty."""
+    if out.numel() == 0:
+        return
     lanes, seq, dim = keys.shape
-    n = triton.cdiv(seq, block_size)
-    mean, lo, hi = (torch.empty(lanes, n, dim, dtype=dtype, device=keys.device) for _ in range(3))
-    if mean.numel() == 0:
-        return mean, lo, hi
     block_r = min(ROW_CHUNK, triton.next_power_of_2(block_size))
     block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
-    grid = (n, lanes, triton.cdiv(dim, block_d))
-    _centroid_kernel[grid](keys, keys, mean, lo, hi, seq, dim, block_size, *keys.stride(), *mean.stride(),
-                           BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=False, BOUNDS=True, num_warps=NUM_WARPS,
-                           **pdl_options(mean.device, lanes))
-    return mean, lo, hi
+    grid = (out.shape[1], lanes, triton.cdiv(dim, block_d))
+    lo, hi = bounds if bounds is not None else (out, out)
+    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, lo, hi, seq, dim, block_size,
+                           *keys.stride(), *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d,
+                           INDIRECT=keys_at is not None, BOUNDS=bounds is not None, num_warps=NUM_WARPS,
+                           **pdl_options(out.device, lanes))

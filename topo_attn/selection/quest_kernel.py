@@ -6,12 +6,13 @@ scores a key block by the largest bound over its queries and, when a group of qu
 over the group's heads.
 
 One program per (query block row, lane). It loads the row's queries of every head of the group once, stacked
-into one ``[GROUP * BLOCK, D]`` operand (split into its positive and negative parts, in the queries' dtype), then
-walks the key blocks ``TILE`` at a time up to the row's last candidate (``qb - window - 1``): per tile, the
-tile's bounds, two products on the tensor cores into one accumulator, and the largest bound per key block over
-the stacked rows. So the ``[S, n]`` bounds of every query never reach memory, each query is read once per row,
-and the tiles after the row's candidates are never read. (The kernel before it ran one program per row and tile
-and read the row's queries again for every tile: at 128k, 2048 rows x 16 tiles on average.)
+into one ``[GROUP * BLOCK, D]`` operand (split into its positive and negative parts, in the queries' dtype;
+float32 queries multiply in IEEE float32, not TF32), then walks the key blocks ``TILE`` at a time up to the row's
+last candidate (``qb - window - 1``): per tile, the tile's bounds, two products on the tensor cores into one
+accumulator, and the largest bound per key block over the stacked rows. So the ``[S, n]`` bounds of every query
+never reach memory, each query is read once per row, and the tiles after the row's candidates are never read.
+(The kernel before it ran one program per row and tile and read the row's queries again for every tile: at 128k,
+2048 rows x 16 tiles on average.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ TILE_N = 64
 def _quest_kernel(Q, Lo, Hi, Out, seq_len, q_offset, first, nb, rows_per_lane, kv_heads, window,
                   stride_qb, stride_qh, stride_qs, stride_qd, head_dim,
                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
     row = tl.program_id(0)
     lane = tl.program_id(1)
     qb = first + row
@@ -44,20 +45,20 @@ def _quest_kernel(Q, Lo, Hi, Out, seq_len, q_offset, first, nb, rows_per_lane, k
     q_at = (batch.to(tl.int64) * stride_qb + (kv_head * GROUP + g)[:, None].to(tl.int64) * stride_qh
             + (pos - q_offset)[:, None].to(tl.int64) * stride_qs + d[None, :] * stride_qd)
     q = tl.load(Q + q_at, mask=real[:, None] & (d[None, :] < head_dim), other=0.0)
-    zero = tl.zeros_like(q)
-    positive = tl.maximum(q, zero)
-    negative = tl.minimum(q, zero)
+    # -- the products run in the queries' dtype (compiled Triton may return float32 from a bf16 maximum)
+    positive = tl.maximum(q, 0.0).to(Q.dtype.element_ty)
+    negative = tl.minimum(q, 0.0).to(Q.dtype.element_ty)
     out = Out + (lane * rows_per_lane + row).to(tl.int64) * nb
     # -- the tiles that hold a candidate of the row (candidates end at qb - window - 1)
     for start in range(0, qb - window, TILE):
         kb = start + tl.arange(0, TILE)
         bound_at = (lane * nb + kb)[:, None].to(tl.int64) * head_dim + d[None, :]
         bound_mask = (kb[:, None] < nb) & (d[None, :] < head_dim)
-        lo = tl.load(Lo + bound_at, mask=bound_mask, other=0.0).to(q.dtype)  # exact: the extremes are keys
-        hi = tl.load(Hi + bound_at, mask=bound_mask, other=0.0).to(q.dtype)
+        lo = tl.load(Lo + bound_at, mask=bound_mask, other=0.0).to(Q.dtype.element_ty)  # exact: keys' extremes
+        hi = tl.load(Hi + bound_at, mask=bound_mask, other=0.0).to(Q.dtype.element_ty)
         # -- every stacked query's bound on every key of each block, then the largest over the real rows
-        bound = tl.dot(positive, tl.trans(hi))
-        bound = tl.dot(negative, tl.trans(lo), bound)
+        bound = tl.dot(positive, tl.trans(hi), input_precision=PRECISION)
+        bound = tl.dot(negative, tl.trans(lo), bound, input_precision=PRECISION)
         bound = tl.where(real[:, None], bound, float("-inf"))
         tl.store(out + kb, tl.max(bound, axis=0), mask=kb < nb)
 
@@ -90,5 +91,6 @@ def quest_block_scores(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bloc
     _quest_kernel[(rows, batch * kv_heads)](
         q, lo, hi, out, q_offset + length, q_offset, first, nb, rows, kv_heads, window, *q.stride(), dim,
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK=block_size, TILE=TILE_N,
-        HEAD_DIM=max(16, triton.next_power_of_2(dim)), num_warps=min(16, max(4, stacked // 32)))
+        HEAD_DIM=max(16, triton.next_power_of_2(dim)),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=min(16, max(4, stacked // 32)))
     return out

@@ -155,6 +155,38 @@ def test_summary_table(run):
     assert table in run["printed"]  # main prints it
 
 
+def test_per_query_head_reaches_every_selection(run, monkeypatch, tmp_path):
+    """With --per-query-head every selection of the study (the backend's and the recall rows') gets
+    per_query_head=True, the header records it, and centroid's perplexity moves from the default run's (the
+    query heads of a key/value head choosing together)."""
+    from topo_attn.integrations import transformers as tat
+    from topo_attn.selection import select
+
+    seen = []
+
+    def spy(*args, **options):
+        seen.append(options.get("per_query_head"))
+        return select(*args, **options)
+
+    monkeypatch.setattr(tat, "select", spy)
+    monkeypatch.setattr(study, "select", spy)
+    out = tmp_path / "per_head.json"
+    root = run["root"]
+    argv = ["--model", str(root / "model"), "--eval-set", str(root / "docs.npz"), "--length", str(LENGTH),
+            "--block-size", str(BLOCK), "--budgets", str(BUDGET), "--probes", "1", "--documents", "2", "--batch", "2",
+            "--selectors", "centroid", "--out", str(out), "--no-progress", "--device", DEVICE, "--dtype", "float32",
+            "--no-speed", "--per-query-head"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert study.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["per_query_head"] is True and run["result"]["per_query_head"] is False
+    assert seen and all(flag is True for flag in seen)
+    assert {r["layer"] for r in result["recall"]} == {0, 1}  # the recall path selected too
+    mine = rows_by_config(result["perplexity"])[("centroid", BUDGET)]["bits_per_byte"]["all"]
+    together = rows_by_config(run["result"]["perplexity"])[("centroid", BUDGET)]["bits_per_byte"]["all"]
+    assert abs(mine - together) > 1e-4
+
+
 def test_configurations():
     assert study.configurations([1, 2], ("window", "centroid")) == [
         ("sdpa", None), ("dense", None), ("window", 0), ("centroid", 1), ("centroid", 2)]

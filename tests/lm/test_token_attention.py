@@ -330,7 +330,8 @@ def test_study_with_token_granularity(tmp_path):
         assert abs(by[selector]["bits_per_byte"]["all"] - by["sdpa"]["bits_per_byte"]["all"]) > 1e-3
 
 
-@pytest.mark.parametrize("extra, match", [(["--strict"], "--strict"), (["--selectors", "window"], "window")])
+@pytest.mark.parametrize("extra, match", [(["--strict"], "--strict"), (["--per-query-head"], "--per-query-head"),
+                                          (["--selectors", "window"], "window")])
 def test_study_rejects_what_token_granularity_lacks(extra, match):
     from topo_attn.cli import UsageError
 

@@ -135,7 +135,7 @@ def _evaluation_args(args: argparse.Namespace) -> argparse.Namespace:
     """What :func:`topo_attn.lm.study.quality_rows` reads: the rule's sizes, the probes, block granularity."""
     return argparse.Namespace(probes=args.probes, seed=args.probe_seed, batch=args.eval_batch,
                               block_size=args.block_size, sinks=args.sinks, window=args.window, dense_layers=[],
-                              strict=False, granularity="block", budgets=[], selectors=None)
+                              strict=False, per_query_head=False, granularity="block", budgets=[], selectors=None)
 
 
 def _scored(perplexity: dict, retrieval: list[dict]) -> dict:

@@ -176,7 +176,8 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
     probes = build_probes(docs, list(args.tasks), distances, args.probes, args.seed, max(args.budgets),
                           args.block_size, args.formats)
     # study.use_attention's settings (granularity, strict, dense_layers): per-token selection, every layer sparse
-    settings = argparse.Namespace(**vars(args), granularity="token", strict=False, dense_layers=[])
+    settings = argparse.Namespace(**vars(args), granularity="token", strict=False, per_query_head=False,
+                                  dense_layers=[])
     configs = [("sdpa", None), ("dense", None)] + [(s, b) for s in args.selectors for b in args.budgets]
     started = time.perf_counter()
     header = dict(

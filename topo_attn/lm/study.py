@@ -7,7 +7,9 @@ For a model folder (default ``data/lm``, the kit's model) and its held-out docum
 
 With ``--strict`` each query block takes the blocks the query block before it scored
 (``topo_attn.selection.select(strict=True)``), so no position's attention depends on a later byte: the
-perplexity of a row-pooled choice otherwise includes a small look-ahead inside each query block.
+perplexity of a row-pooled choice otherwise includes a small look-ahead inside each query block. The query heads
+of a key/value head choose their blocks together (the kernels' lanes); ``--per-query-head`` has every query head
+choose its own.
 
 ``--granularity token`` (not with ``--strict``; the selectors of
 :data:`~topo_attn.lm.token_attention.TOKEN_SELECTORS` only, all of them by default) has each query token choose
@@ -109,6 +111,9 @@ def chosen_selectors(args: argparse.Namespace) -> tuple[str, ...]:
         return tuple(args.selectors or SELECTORS)
     if args.strict:
         raise ValueError("--strict is for --granularity block: token granularity has no look-ahead to remove")
+    if args.per_query_head:
+        raise ValueError("--per-query-head is for --granularity block: at token granularity every query token "
+                         "of every head chooses its own blocks")
     others = sorted(set(args.selectors or ()) - set(TOKEN_SELECTORS))
     if others:
         raise ValueError(f"--granularity token takes the selectors {list(TOKEN_SELECTORS)}, got {others}")
@@ -119,6 +124,16 @@ def _strict(attention: str, args) -> bool:
     """Whether ``attention`` runs with ``strict=True``: ``--strict`` asked for it and the selector has row scores
     (not ``dense``, not ``topology_22``)."""
     return args.strict and attention not in ("dense", "topology_22")
+
+
+def selection_options(attention: str, args) -> dict:
+    """The selector options of ``attention`` (block granularity): ``strict`` (:func:`_strict`) and, with
+    ``--per-query-head``, ``per_query_head`` (every query head chooses its own blocks; by default the query heads
+    of a key/value head choose together)."""
+    options = {"strict": True} if _strict(attention, args) else {}
+    if args.per_query_head and attention != "dense":
+        options["per_query_head"] = True
+    return options
 
 
 def use_attention(model, attention: str, budget: int | None, args) -> str | None:
@@ -135,7 +150,7 @@ def use_attention(model, attention: str, budget: int | None, args) -> str | None
         return name
     name = tat.register(selector=attention, block_size=args.block_size, sinks=args.sinks, window=args.window,
                         budget=budget or 0, dense_layers=args.dense_layers, name=BACKEND,
-                        options={"strict": True} if _strict(attention, args) else None)
+                        options=selection_options(attention, args))
     model.set_attn_implementation(name)
     return name
 
@@ -221,9 +236,9 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool | None = True) -> l
                                    disable=not cli.progress_enabled(progress)):
         reference = full_attention(q, k, v, args.block_size)
         for attention, budget in configurations(args.budgets, chosen_selectors(args))[2:]:
-            options = {"scale": 1 / math.sqrt(q.shape[-1])} if attention == "oracle" else {}
-            if _strict(attention, args):
-                options["strict"] = True
+            options = selection_options(attention, args)
+            if attention == "oracle":
+                options["scale"] = 1 / math.sqrt(q.shape[-1])
             schedule = select(attention, q, k, args.block_size, args.sinks, args.window, budget, **options)
             quality = schedule_quality(q, k, v, schedule, reference=reference)
             counts = schedule.counts()
@@ -322,6 +337,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="selection without look-ahead: each query block takes the blocks the query block "
                              "before it scored (topo_attn.selection.select(strict=True); not topology_22)")
+    parser.add_argument("--per-query-head", action="store_true",
+                        help="every query head chooses its own key blocks (default: the query heads of a "
+                             "key/value head choose together, as the kernels' lanes do)")
     parser.add_argument("--granularity", choices=("block", "token"), default="block",
                         help="who chooses key blocks: each query block (the kit's kernels; default) or each query "
                              f"token from its own query (topo_attn.lm.token_attention; {', '.join(TOKEN_SELECTORS)}; "
@@ -359,7 +377,7 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
         " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
         **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
-        window=args.window, strict=args.strict, granularity=args.granularity,
+        window=args.window, strict=args.strict, per_query_head=args.per_query_head, granularity=args.granularity,
         dense_layers=list(args.dense_layers),
         dtype=str(dtype).removeprefix("torch."),
         causal_blocks_per_lane=num_blocks(args.length, args.block_size) * (num_blocks(args.length, args.block_size)

@@ -91,6 +91,8 @@ IN_PROCESS_CASES = [
     ("topo_attn.lm", ["passkey", "--eval-set", "README.md"], "--eval-set", "not an .npz"),
     ("topo_attn.lm", ["train", "--out", "/nonexistent/out", "--context", "100"], "--context", "> 128"),
     ("topo_attn.lm", ["train", "--out", "/nonexistent/out", "--layers", "0"], "--layers", ">= 1"),
+    ("topo_attn.lm", ["train", "--out", "/nonexistent/out", "--init", "/nonexistent/model"], "--init",
+     "not a model folder"),
     ("topo_attn.lm", ["train"], "--out", "required"),
     ("topo_attn.lm", ["bogus"], "command", "invalid choice"),
 ]

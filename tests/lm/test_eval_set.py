@@ -328,6 +328,13 @@ def test_the_eval_set_rules_raise_clear_errors(tmp_path, diverse):
         corpus.build_eval_set(files, length=4096, percent=50)
     with pytest.raises(ValueError, match="count must be >= min_packages \\+ 1 = 21"):
         corpus.build_eval_set(files, length=LENGTH, count=20, percent=50)
+    # fewer documents than packages: the standard library takes the last place when the rounds leave it out
+    for seed in range(6):
+        small = corpus.build_eval_set(files, length=LENGTH, count=4, min_packages=3, seed=seed, percent=50)
+        assert corpus.STDLIB in small.packages and len(set(small.packages)) == 4
+        rounds = sorted({corpus.package_of(f.name) for f in small.split.validation if f.size >= LENGTH},
+                        key=lambda p: (corpus.seeded_key(p, seed, "package"), p))[:4]
+        assert small.packages == (rounds if corpus.STDLIB in rounds else rounds[:3] + [corpus.STDLIB])
     # smaller rules pass on the small tree
     assert len(corpus.build_eval_set(corpus.find_sources(few), length=LENGTH, count=30, min_packages=8,
                                      percent=50).files) == 30

@@ -181,6 +181,76 @@ def test_stop_after_ends_the_run_early_on_the_full_schedule(roots, tmp_path):
     assert steps[2]["lr"] != pytest.approx(train.learning_rate(2, dataclasses.replace(settings, steps=3)))
 
 
+def weights(folder) -> dict:
+    return {k: v.float() for k, v in LlamaForCausalLM.from_pretrained(folder).state_dict().items()}
+
+
+def test_init_continues_training_from_the_checkpoint(trained, roots, tmp_path):
+    """--init: the run starts from the checkpoint's weights (with a learning rate of 1e-9, one step leaves them
+    as they were, where a run from scratch ends far from them), draws batches of its own, and records what it
+    continued, so a chain of runs adds up its steps."""
+    from topo_attn.lm.init_weights import batch_seed
+
+    out, summary = trained
+    settings = dataclasses.replace(SETTINGS, steps=1, lr=1e-9, eval_every=100, init=str(out))
+    seeds = []
+    with pytest.MonkeyPatch.context() as patch:  # the batch stream's seed: the seed and the steps before
+        patch.setattr(train, "batch_seed", lambda seed, init: seeds.append(batch_seed(seed, init)) or seeds[-1])
+        first = train.train(tmp_path / "next", settings, SHAPE, device="cpu", roots=roots, progress=False)
+    assert seeds == [[SETTINGS.seed, 3]]
+    before, after = weights(out), weights(tmp_path / "next")
+    assert all(torch.allclose(after[k], before[k], rtol=0, atol=1e-6) for k in before)
+    scratch = dataclasses.replace(settings, init=None)
+    train.train(tmp_path / "scratch", scratch, SHAPE, device="cpu", roots=roots, progress=False)
+    fresh = weights(tmp_path / "scratch")
+    # (from scratch: the seeded initialisation the checkpoint began from, 3 steps at lr 1e-3 behind it)
+    assert max(float((fresh[k] - before[k]).abs().max()) for k in before) > 1e-3
+    # its batches are not the first run's (a stream seeded by the seed and the steps before)
+    log = read_log(tmp_path / "next")
+    assert log[0]["init"] == {"path": str(out), "steps": 3, "bytes": summary["bytes"], "runs": 1}
+    assert first["init"] == log[0]["init"] and log[0]["settings"]["init"] == str(out)
+    rng_first = np.random.default_rng(SETTINGS.seed)  # the batch the first run began with
+    stream = corpus.pack(corpus.split_sources(corpus.find_sources(roots))[0], seed=SETTINGS.seed)
+    assert not torch.equal(train.training_batch(stream, settings, rng_first),
+                           train.training_batch(stream, settings, np.random.default_rng([SETTINGS.seed, 3])))
+    # a second continuation adds up the runs behind it
+    again = train.train(tmp_path / "third", dataclasses.replace(settings, init=str(tmp_path / "next")), SHAPE,
+                        device="cpu", roots=roots, progress=False)
+    assert again["init"] == {"path": str(tmp_path / "next"), "steps": 4, "bytes": summary["bytes"] + first["bytes"],
+                             "runs": 2}
+
+
+def test_batch_seed():
+    from topo_attn.lm.init_weights import InitModel, batch_seed
+
+    assert batch_seed(3, None) == 3
+    assert batch_seed(3, InitModel("m", {}, steps=40, bytes=0, runs=1)) == [3, 40]
+
+
+def test_init_refuses_another_shape_context_or_evaluation_set_before_writing(trained, roots, tmp_path):
+    out, _ = trained
+    cases = [(dict(init=str(tmp_path / "nowhere")), SHAPE, "is not a model folder"),
+             (dict(init=str(out)), dataclasses.replace(SHAPE, hidden=32, intermediate=64), "hidden_size=64"),
+             (dict(init=str(out), seed=1), SHAPE, "evaluation set")]
+    for values, shape, match in cases:
+        target = tmp_path / f"out{len(match)}"
+        with pytest.raises(ValueError, match=match):
+            train.train(target, dataclasses.replace(SETTINGS, **values), shape, device="cpu", roots=roots,
+                        progress=False)
+        assert not target.exists()
+    with pytest.raises(TypeError, match="init must be a model folder"):
+        train.train(tmp_path / "x", dataclasses.replace(SETTINGS, init=3), SHAPE, device="cpu", roots=roots,
+                    progress=False)
+    # a longer context than the checkpoint's positions (the small corpus has no held-out file for one)
+    from topo_attn.lm.init_weights import load_init
+
+    with np.load(out / "eval_set.npz") as data:
+        names, docs = list(data["names"]), data["documents"]
+    with pytest.raises(ValueError, match="trained on 256 positions, fewer than this run's context of 512"):
+        load_init(str(out), train.lm_config(SHAPE, 512), names, docs)
+    assert load_init(str(out), train.lm_config(SHAPE, 256), names, docs).steps == 3
+
+
 # --------------------------------------------------------------------------------------- small functions
 def test_learning_rate_warmup_then_cosine_to_ten_percent():
     settings = TrainSettings(lr=2e-3, warmup=10, steps=110)

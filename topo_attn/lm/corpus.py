@@ -329,7 +329,8 @@ def build_eval_set(files: list[SourceFile], length: int = EVAL_LENGTH, count: in
     ``seeded_key(package, seed, "package")``, each package's files in the order of
     ``seeded_key(sha256, seed, "file")``; round ``r`` takes the ``r``-th file of every package that has one.
     So the first documents come from as many packages as there are, and a file added to one package moves no
-    other package's choice. A window starts at ``seeded_key(sha256, seed, "window") % (size - length + 1)``.
+    other package's choice. When ``count`` is smaller than the packages and the rounds leave the standard library
+    out, its first file takes the last place. A window starts at ``seeded_key(sha256, seed, "window") % (size - length + 1)``.
 
     Raises:
         ValueError: fewer than ``count`` eligible files, or the chosen ones span fewer than ``min_packages``
@@ -361,6 +362,8 @@ def build_eval_set(files: list[SourceFile], length: int = EVAL_LENGTH, count: in
     for r in range(max(len(g) for g in groups.values())):
         chosen += [(p, groups[p][r]) for p in order if r < len(groups[p])]
     chosen = chosen[:count]
+    if STDLIB in groups and all(p != STDLIB for p, _ in chosen):  # fewer documents than packages
+        chosen[-1] = (STDLIB, groups[STDLIB][0])
     packages = [p for p, _ in chosen]
     if len(set(packages) - {STDLIB}) < min_packages or STDLIB not in packages:
         raise ValueError(f"the evaluation set needs files of at least {min_packages} packages and the standard "

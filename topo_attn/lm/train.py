@@ -37,6 +37,7 @@ from ..cli import progress_enabled
 from .corpus import (EVAL_FILES, MIN_PACKAGES, SEPARATOR, build_eval_set, find_sources, manifest, pack,
                      save_eval_set)
 from .evaluate import bits_per_byte, passkey_scores, token_losses
+from .init_weights import batch_seed, check_folder, load_init
 from .probe import passkey_document
 from .training_copies import copy_window
 
@@ -77,7 +78,11 @@ class TrainSettings:
     the key blocks it adds per query block beyond the sinks and the window (None: n/8, an eighth of the
     context's ``ceil(context / block_size)`` blocks: 16 at context 8192 with 64-token blocks; see
     :func:`attention_budget`). ``budget`` must stay None for ``sdpa``, ``dense`` and ``window`` (they add no
-    blocks); ``block_size``, ``sinks`` and ``window`` are unused by ``sdpa``."""
+    blocks); ``block_size``, ``sinks`` and ``window`` are unused by ``sdpa``.
+
+    Continued training: ``init``, a model folder written by :func:`train`, is the weights the run starts from
+    instead of a random initialisation, with a fresh optimizer and learning-rate schedule and batches of its own
+    (:mod:`.init_weights`: the checkpoint's shape, positions and evaluation set must be the run's)."""
 
     context: int = 8192
     batch: int = 8
@@ -98,6 +103,7 @@ class TrainSettings:
     block_size: int = 64
     sinks: int = 1
     window: int = 1
+    init: str | None = None
 
 
 ATTENTIONS = ("sdpa", "dense", "window", "quest", "centroid", "topology", "topology_22")
@@ -193,7 +199,8 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
     """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1
     (``max_copies`` included), a context too short for the passkey probe, a ``copy_fraction`` that is not a
     number in [0, 1], an attention outside :data:`ATTENTIONS`, a block size that is not a power of two >= 16,
-    negative sinks, window or budget, a budget given to an attention that adds no blocks. ``label(field)`` is
+    negative sinks, window or budget, a budget given to an attention that adds no blocks, an ``init`` that is not
+    a model folder with its evaluation set (:func:`.init_weights.check_folder`). ``label(field)`` is
     how a message names a field (e.g. its command-line option)."""
     for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
         check_int(label(name), getattr(settings, name), 1)
@@ -204,6 +211,8 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
     if settings.stop_after is not None:
         check_int(label("stop_after"), settings.stop_after, 1)
     check_int(label("max_copies"), settings.max_copies, 1)
+    if settings.init is not None:
+        check_folder(settings.init, label("init"))
     fraction = settings.copy_fraction
     if isinstance(fraction, bool) or not isinstance(fraction, Real):
         raise TypeError(f"{label('copy_fraction')} must be a number in [0, 1], got {type(fraction).__name__}")
@@ -294,7 +303,7 @@ def option(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-OPTION_TYPES = {"max_minutes": float, "stop_after": int, "budget": int}
+OPTION_TYPES = {"max_minutes": float, "stop_after": int, "budget": int, "init": str}
 """The command-line types of the :class:`TrainSettings` fields whose default is None (the others: the default's
 type)."""
 
@@ -310,6 +319,8 @@ OPTION_HELP = {
                      "of every task (0 to 1; default %(default)s)",
     "max_copies": "the most retrieval probes in a window with copy content (1 to this many; default %(default)s)",
     "eval_documents": "documents of the evaluation set, one window per validation file (default %(default)s)",
+    "init": "a model folder of an earlier run to continue training from (its weights; a fresh optimizer and "
+            "schedule; same shape, context, corpus and seed)",
 }
 """The help of the command-line options of the attention, copy-content and evaluation-set fields of
 :class:`TrainSettings`."""
@@ -402,6 +413,10 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     except ValueError as error:
         raise ValueError(f"eval_documents={settings.eval_documents} documents of context={settings.context} bytes: "
                          f"{error}") from error
+    config = lm_config(shape, settings.context)
+    init = None
+    if settings.init is not None:  # also before anything is written
+        init = load_init(settings.init, config, [f.name for f in eval_set.files], eval_set.documents)
     split = eval_set.split  # validation deduplicated against training
     train_files, validation_files = split.train, split.validation
     train_bytes = sum(f.size + len(SEPARATOR) for f in train_files)  # the packed stream's length
@@ -420,16 +435,18 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     _log(log_path, dict(event="corpus", train_files=len(train_files), train_bytes=int(len(stream)),
                         validation_files=len(validation_files), duplicate_files=len(split.duplicates),
                         eval_documents=len(eval_docs), eval_set=eval_set.summary(),
-                        seconds=time.perf_counter() - started, settings=asdict(settings), shape=asdict(shape)))
+                        seconds=time.perf_counter() - started, settings=asdict(settings), shape=asdict(shape),
+                        init=None if init is None else init.summary()))
     print(f"corpus: {len(train_files)} train files ({len(stream) / 1e6:.0f} MB), {len(validation_files)} "
           f"validation files, {len(eval_docs)} held-out documents of {settings.context} bytes (one per file, "
           f"{len(set(eval_set.packages))} packages with the standard library)", file=sys.stderr)
 
     torch.manual_seed(settings.seed)
-    rng = np.random.default_rng(settings.seed)
-    config = lm_config(shape, settings.context)
+    rng = np.random.default_rng(batch_seed(settings.seed, init))
     with torch.device(device):
         model = LlamaForCausalLM(config)
+    if init is not None:
+        model.load_state_dict(init.state)
     backend = use_attention(model, settings)  # None: sdpa, the model as built
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     rest = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -515,7 +532,8 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
     summary = dict(event="final", steps=step + 1, bytes=seen, seconds=time.perf_counter() - started,
                    train_seconds=train_seconds, first_step_seconds=first_step, attention=settings.attention,
                    budget=attention_budget(settings), visited_fraction=visited,
-                   bits_per_byte=final, passkey={str(k): v for k, v in retrieval.items()})
+                   bits_per_byte=final, passkey={str(k): v for k, v in retrieval.items()},
+                   init=None if init is None else init.summary())
     _log(log_path, summary)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     return summary

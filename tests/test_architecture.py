@@ -21,7 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "topo_attn"
 ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backward", "topo_attn.attention.decode",
-                     "topo_attn.attention.hopper", "topo_attn.attention.launch")
+                     "topo_attn.attention.hopper")
+LAUNCH = "topo_attn.launch"
+"""The launch path that every kernel group may import (it imports nothing of the package)."""
 GPU_KERNELS = "topo_attn.topology.gpu"
 SELECTION_KERNELS = ("topo_attn.selection.quest_kernel", "topo_attn.selection.static_step_kernel")
 HEAVY = ("matplotlib", "ipywidgets", "pandas", "triton")
@@ -254,6 +256,8 @@ def private_uses_from_outside(outside: dict[str, Module], modules: dict[str, Mod
 def kernel_group(module: str) -> str | None:
     """The kernel modules: the attention kernels (``forward``, ``backward``, ...), the selection kernels
     (Quest's scores) and the GPU schedule build (``topology.gpu`` and below); ``None`` for the host layer."""
+    if module == LAUNCH:
+        return "launch path"
     if module in ATTENTION_KERNELS:
         return "attention kernels"
     if module in SELECTION_KERNELS:
@@ -264,10 +268,11 @@ def kernel_group(module: str) -> str | None:
 
 
 def kernel_imports_of_the_host(modules: dict[str, Module]) -> list[str]:
-    """Imports by a kernel module of any package module outside its own kernel group (the host layer, its
-    subpackage's ``__init__`` and host modules included)."""
+    """Imports by a kernel module of any package module outside its own kernel group and the launch path
+    (:data:`LAUNCH`): the host layer, its subpackage's ``__init__`` and host modules included."""
     return [f"{imp.importer}:{imp.line} imports {imp.target}" for imp in imports(modules)
-            if kernel_group(imp.importer) is not None and kernel_group(imp.target) != kernel_group(imp.importer)]
+            if kernel_group(imp.importer) is not None
+            and kernel_group(imp.target) not in (kernel_group(imp.importer), "launch path")]
 
 
 def within(module: str, package: str) -> bool:
@@ -332,7 +337,8 @@ def test_tests_and_notebooks_use_no_private_name_of_the_package(modules):
 
 
 def test_kernels_import_nothing_of_the_host_layer(modules):
-    assert {kernel_group(m) for m in modules} >= {"attention kernels", "selection kernels", GPU_KERNELS}
+    assert {kernel_group(m) for m in modules} >= {"attention kernels", "selection kernels", GPU_KERNELS,
+                                                  "launch path"}
     found = kernel_imports_of_the_host(modules)
     assert not found, "kernel modules importing outside their kernel group:\n" + "\n".join(found)
 
@@ -416,9 +422,12 @@ def test_kernel_imports_of_the_host_are_found():
         "topo_attn.attention.backward": "from .forward import kernel\nfrom . import scheduled\n",
         "topo_attn.topology": "", "topo_attn.topology.gpu": "", "topo_attn.topology.gpu.rows": "from . import pdl\n",
         "topo_attn.topology.gpu.pdl": "def f():\n    from ...schedule import BlockSchedule\n",
+        "topo_attn.topology.gpu.prim": "from ...launch import launch\n",  # the launch path: allowed
+        "topo_attn.launch": "from .schedule import BlockSchedule\n",  # the launch path importing the host
     }, packages=("topo_attn", "topo_attn.attention", "topo_attn.topology", "topo_attn.topology.gpu"))
     assert sorted(kernel_imports_of_the_host(mods)) == [
         "topo_attn.attention.backward:2 imports topo_attn.attention.scheduled",
+        "topo_attn.launch:1 imports topo_attn.schedule",
         "topo_attn.topology.gpu.pdl:2 imports topo_attn.schedule"]
 
 

@@ -206,7 +206,7 @@ def schedule_builder(seq_len: int, block_size: int, device: torch.device) -> dic
 
 def triton_state() -> dict:
     """Interpreter or compiled, and the direct launch path (``launch.DIRECT``) with why not."""
-    from .attention import launch
+    from . import launch
 
     state = dict(interpreter=launch.INTERPRETED, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET"),
                  direct_launch=launch.DIRECT)
@@ -228,7 +228,7 @@ def decisions(args: argparse.Namespace) -> dict:
     """The representative call and the kernels it would run. Never launches a kernel."""
     from ._checks import check_kernel_inputs, check_qkv, check_scale
     from .attention.scheduled import decode_kernel_reason
-    from .attention import launch
+    from . import launch
     from .schedule import check_schedule_for
 
     seq_len, q_len = args.seq_len, args.q_len or args.seq_len

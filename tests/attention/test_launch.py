@@ -1,4 +1,4 @@
-"""The short launch path (``attention/launch.py``): the launch key holds what Triton specialises on, and on a
+"""The short launch path (``topo_attn/launch.py``): the launch key holds what Triton specialises on, and on a
 GPU a kernel launched directly gives what Triton's own path gives, with a new compiled kernel for inputs
 that Triton would specialise differently (unaligned addresses)."""
 
@@ -9,7 +9,7 @@ import torch
 
 import topo_attn as ta
 from helpers import DEVICE, TOLERANCE, inputs, random_schedule  # in tests/
-from topo_attn.attention import launch
+from topo_attn import launch
 
 
 def test_the_key_separates_what_triton_specialises_on():

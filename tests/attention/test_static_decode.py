@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import topo_attn.attention.static_decode as sd
 from helpers import TOLERANCE, inputs  # in tests/
-from topo_attn.attention.launch import INTERPRETED
+from topo_attn.launch import INTERPRETED
 from topo_attn.attention.static_decode import static_decode
 
 MERGES = ["kernel", "separate"]

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from .forward import INTERPRETED, LOG2E, load_tile, mma_operand, store_tile
-from .launch import launch
 
 LOG2E_K: tl.constexpr = tl.constexpr(LOG2E)  # log2(e) inside the kernels: lse (natural log) to base 2
 

@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from .forward import INTERPRETED, LOG2E, mma_operand
-from .launch import launch
 
 MAX_DECODE_QUERIES = 16
 """The most queries (``L``) :func:`scheduled_decode_forward` takes; with ``block_size >= 16`` they span at

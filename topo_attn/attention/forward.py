@@ -23,7 +23,7 @@ try:  # host-side tensor descriptors: triton >= 3.4
 except ImportError:  # pragma: no cover - older triton: pointer loads only
     TensorDescriptor = None
 
-from .launch import INTERPRETED, Tiles, launch
+from ..launch import INTERPRETED, Tiles, launch
 
 LOG2E = 1.4426950408889634
 """log2(e): the kernels work in base 2 (``exp2``), so the softmax scale is multiplied by it."""

@@ -44,7 +44,7 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
     from .forward import INTERPRETED, LOG2E, device_capability, tma_eligible
-    from .launch import Tiles, launch
+    from ..launch import Tiles, launch
 
     _GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this

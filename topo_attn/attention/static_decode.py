@@ -46,7 +46,7 @@ from .._checks import (MAX_LANES, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, check_d
 from . import decode
 from .decode import decode_step, merge_partials, query_tile
 from .forward import LOG2E
-from .launch import INTERPRETED, launch
+from ..launch import INTERPRETED, launch
 
 LENGTH_DTYPES = (torch.int32, torch.int64)
 """The dtypes :func:`static_decode` takes for ``length``."""

@@ -459,9 +459,9 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     if q_len == kv_len:
         timed = backend.timings is not None and query.is_cuda
         if timed:  # the GPU drains first, so a full launch queue never holds the host inside the timed span
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]  # created outside the host span
             torch.cuda.synchronize(query.device)
             host = time.perf_counter()
-            events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             events[0].record()
         # the kernels and the statistics read any strides: transformers' [B, S, H, D] views are not copied
         if settings.is_dense(layer_idx):

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
 from ..rule import budget_entries
 from ..schedule import BlockSchedule, num_blocks
 
@@ -136,7 +137,8 @@ def budget_rows(scores: torch.Tensor, block_size: int, seq_len: int, sinks: int,
     offsets = torch.empty(lane_count * rows + 1, dtype=torch.int32, device=scores.device)
     indices = torch.empty(total, dtype=torch.int32, device=scores.device)
     block_n = max(16, triton.next_power_of_2(nb))
-    _budget_rows_kernel[(rows, lane_count)](
-        scores4, offsets, indices, first, rows, scores4.shape[1], entries, total, sinks, window, budget,
-        *scores4.stride(), BLOCK_N=block_n, num_warps=min(16, max(4, block_n // 256)))
+    launch(_budget_rows_kernel, (rows, lane_count),
+           (scores4, offsets, indices, first, rows, scores4.shape[1], entries, total, sinks, window, budget,
+            *scores4.stride()),
+           dict(BLOCK_N=block_n, num_warps=min(16, max(4, block_n // 256))))
     return BlockSchedule.unchecked(offsets, indices, block_size, seq_len, lanes, False, q_len)

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..launch import launch
+
 TILE_N = 64
 """Key blocks per step of a program."""
 
@@ -88,9 +90,9 @@ def quest_block_scores(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, bloc
     out = torch.full((batch, kv_heads, rows, nb), float("-inf"), dtype=torch.float32, device=q.device)
     group = heads // kv_heads
     stacked = triton.next_power_of_2(group) * block_size  # rows of the stacked operand: 32 per warp, 4 to 16 warps
-    _quest_kernel[(rows, batch * kv_heads)](
-        q, lo, hi, out, q_offset + length, q_offset, first, nb, rows, kv_heads, window, *q.stride(), dim,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK=block_size, TILE=TILE_N,
-        HEAD_DIM=max(16, triton.next_power_of_2(dim)),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=min(16, max(4, stacked // 32)))
+    launch(_quest_kernel, (rows, batch * kv_heads),
+           (q, lo, hi, out, q_offset + length, q_offset, first, nb, rows, kv_heads, window, *q.stride(), dim),
+           dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK=block_size, TILE=TILE_N,
+                HEAD_DIM=max(16, triton.next_power_of_2(dim)),
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=min(16, max(4, stacked // 32))))
     return out

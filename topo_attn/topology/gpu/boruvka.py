@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .distances import DISTANCE_TILE, distances, lighter, tile_minima
 from .pdl import pdl_options, wait_for_inputs
 
@@ -235,12 +236,12 @@ def boruvka(centroids: torch.Tensor, finite: torch.Tensor | None = None
     for round in range(log_n):
         # -- the search (the distance kernel did the first round's), with the hooks when fused
         if round:
-            _round_kernel[(tiles, tiles, lanes)](dist, plen, pkey, *forest.pointers(round), n, tiles, dist.stride(0),
-                                                 dist.stride(1), BLOCK=DISTANCE_TILE, HOOKS=fused, **sizes,
-                                                 num_warps=warps if fused else 4, **pdl)
+            launch(_round_kernel, (tiles, tiles, lanes),
+                   (dist, plen, pkey, *forest.pointers(round), n, tiles, dist.stride(0), dist.stride(1)),
+                   dict(BLOCK=DISTANCE_TILE, HOOKS=fused, **sizes, num_warps=warps if fused else 4, **pdl))
         # -- the hooks in a launch of their own: always in the first round, in every round when not fused
         if not fused or round == 0:
-            _hook_kernel[(lanes,)](forest.comp, plen, pkey, *forest[1:7], n, tiles, **sizes, FIRST=round == 0,
-                                   num_warps=warps, **pdl)
+            launch(_hook_kernel, (lanes,), (forest.comp, plen, pkey, *forest[1:7], n, tiles),
+                   dict(**sizes, FIRST=round == 0, num_warps=warps, **pdl))
     view = lambda x: x.view(lanes, n)  # noqa: E731
     return view(edge_lo), view(edge_hi), view(edge_len), view(by_rank)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .pdl import pdl_options, wait_for_inputs
 
 ROW_CHUNK = 64
@@ -123,7 +124,7 @@ def _launch(keys: torch.Tensor, keys_at: torch.Tensor | None, out: torch.Tensor,
     block_d = min(FEATURE_TILE, triton.next_power_of_2(dim))
     grid = (out.shape[1], lanes, triton.cdiv(dim, block_d))
     lo, hi = bounds if bounds is not None else (out, out)
-    _centroid_kernel[grid](keys, keys if keys_at is None else keys_at, out, lo, hi, seq, dim, block_size,
-                           *keys.stride(), *out.stride(), BLOCK_R=block_r, BLOCK_D=block_d,
-                           INDIRECT=keys_at is not None, BOUNDS=bounds is not None, num_warps=NUM_WARPS,
-                           **pdl_options(out.device, lanes))
+    launch(_centroid_kernel, grid, (keys, keys if keys_at is None else keys_at, out, lo, hi, seq, dim, block_size,
+                                    *keys.stride(), *out.stride()),
+           dict(BLOCK_R=block_r, BLOCK_D=block_d, INDIRECT=keys_at is not None, BOUNDS=bounds is not None,
+                num_warps=NUM_WARPS, **pdl_options(out.device, lanes)))

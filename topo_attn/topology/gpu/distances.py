@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .pdl import pdl_options, wait_for_inputs
 
 DISTANCE_TILE = 32
@@ -130,11 +131,11 @@ def distances(centroids: torch.Tensor, mirror: bool = True, minima: tuple[torch.
     dist = torch.empty(lanes, n, n, dtype=centroids.dtype, device=centroids.device)
     tiles = triton.cdiv(n, DISTANCE_TILE)
     plen, pkey = minima if minima is not None else (dist, dist)  # (unused without minima)
-    _distance_kernel[(tiles, tiles, lanes)](features_first, dist, plen, pkey, dist if finite is None else finite,
-                                            n, dim, tiles, *features_first.stride(), dist.stride(0), dist.stride(1),
-                                            BLOCK=DISTANCE_TILE, MIRROR=mirror, MINIMA=minima is not None,
-                                            FINITE=finite is not None, UNROLL=distance_unroll(lanes),
-                                            num_warps=DISTANCE_WARPS, **pdl_options(dist.device, lanes))
+    launch(_distance_kernel, (tiles, tiles, lanes),
+           (features_first, dist, plen, pkey, dist if finite is None else finite, n, dim, tiles,
+            *features_first.stride(), dist.stride(0), dist.stride(1)),
+           dict(BLOCK=DISTANCE_TILE, MIRROR=mirror, MINIMA=minima is not None, FINITE=finite is not None,
+                UNROLL=distance_unroll(lanes), num_warps=DISTANCE_WARPS, **pdl_options(dist.device, lanes)))
     return dist
 
 

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .pdl import pdl_options, wait_for_inputs
 
 ELDER_ROWS = 16
@@ -134,5 +135,7 @@ def elder_in_grids(order: torch.Tensor, pair: torch.Tensor, length: torch.Tensor
     rows, cols = elder_tile(n)
     grid = (triton.cdiv(n, rows), lanes)
     pdl = pdl_options(order.device, lanes)
-    _merge_sides_kernel[grid](order, pair, length, side_lo, side_hi, n, ROWS=rows, COLS=cols, num_warps=4, **pdl)
-    _elder_kernel[grid](order, length, side_lo, side_hi, salience, n, ROWS=rows, COLS=cols, num_warps=4, **pdl)
+    launch(_merge_sides_kernel, grid, (order, pair, length, side_lo, side_hi, n),
+           dict(ROWS=rows, COLS=cols, num_warps=4, **pdl))
+    launch(_elder_kernel, grid, (order, length, side_lo, side_hi, salience, n),
+           dict(ROWS=rows, COLS=cols, num_warps=4, **pdl))

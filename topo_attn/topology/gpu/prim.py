@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .distances import lighter
 from .elder import elder_in_program, elder_tile
 from .pdl import pdl_options, wait_for_inputs
@@ -162,9 +163,10 @@ def prim_all_pairs(dist: torch.Tensor, order: torch.Tensor, pair: torch.Tensor, 
     lanes, n = order.shape
     block = triton.next_power_of_2(n)
     rows, cols = elder_tile(n)
-    _prim_kernel[(lanes,)](dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0), dist.stride(1),
-                           BLOCK=block, ROWS=rows, COLS=cols, ELDER=elder, num_warps=prim_warps(block),
-                           **pdl_options(order.device, lanes))
+    launch(_prim_kernel, (lanes,),
+           (dist, order, pair, length, side_lo, side_hi, salience, n, dist.stride(0), dist.stride(1)),
+           dict(BLOCK=block, ROWS=rows, COLS=cols, ELDER=elder, num_warps=prim_warps(block),
+                **pdl_options(order.device, lanes)))
 
 
 def edge_ranks(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: torch.Tensor, by_rank: torch.Tensor) -> None:
@@ -177,9 +179,9 @@ def edge_ranks(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: torch.Ten
         by_rank: int32 ``[L, n]``, contiguous: receives the edge of each rank (``by_rank[l, r]``, ``r < n - 1``).
     """
     lanes, n = by_rank.shape
-    _edge_rank_kernel[(triton.cdiv(n, RANK_ROWS), lanes)](edge_lo, edge_hi, edge_len, by_rank, n, ROWS=RANK_ROWS,
-                                                          COLS=min(RANK_COLS, triton.next_power_of_2(n)),
-                                                          num_warps=4, **pdl_options(by_rank.device, lanes))
+    launch(_edge_rank_kernel, (triton.cdiv(n, RANK_ROWS), lanes), (edge_lo, edge_hi, edge_len, by_rank, n),
+           dict(ROWS=RANK_ROWS, COLS=min(RANK_COLS, triton.next_power_of_2(n)), num_warps=4,
+                **pdl_options(by_rank.device, lanes)))
 
 
 def tree_prim_order(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: torch.Tensor, by_rank: torch.Tensor,
@@ -198,6 +200,7 @@ def tree_prim_order(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: torc
     lanes, n = order.shape
     block = triton.next_power_of_2(n)
     rows, cols = elder_tile(n)
-    _tree_prim_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo, side_hi,
-                                salience, n, BLOCK=block, ROWS=rows, COLS=cols, ELDER=elder,
-                                num_warps=prim_warps(block), **pdl_options(order.device, lanes))
+    launch(_tree_prim_kernel, (lanes,),
+           (edge_lo, edge_hi, edge_len, by_rank, order, pair, length, side_lo, side_hi, salience, n),
+           dict(BLOCK=block, ROWS=rows, COLS=cols, ELDER=elder, num_warps=prim_warps(block),
+                **pdl_options(order.device, lanes)))

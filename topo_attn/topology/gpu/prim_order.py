@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .pdl import pdl_options, wait_for_inputs
 
 SLOTS = tl.constexpr(10)
@@ -191,5 +192,6 @@ def prim_order_parallel(edge_lo: torch.Tensor, edge_hi: torch.Tensor, edge_len: 
     levels = max(1, (n - 1).bit_length())
     rounds = max(1, (arcs - 1).bit_length())
     scratch = torch.empty(lanes * (SLOTS.value + 2 * levels) * arcs, dtype=torch.int32, device=order.device)
-    _prim_order_kernel[(lanes,)](edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds,
-                                 ARCS=arcs, num_warps=WARPS, **pdl_options(order.device, lanes))
+    launch(_prim_order_kernel, (lanes,),
+           (edge_lo, edge_hi, edge_len, by_rank, order, pair, length, scratch, n, levels, rounds),
+           dict(ARCS=arcs, num_warps=WARPS, **pdl_options(order.device, lanes)))

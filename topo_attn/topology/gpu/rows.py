@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...launch import launch
 from .pdl import pdl_options, wait_for_inputs
 
 
@@ -172,9 +173,9 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
     flags = torch.empty(lanes, nb, dtype=torch.int8, device=device)
     parts = torch.empty(lanes, parts_per_lane, dtype=torch.int32, device=device)
     pdl = pdl_options(device, lanes)
-    _top_flags_kernel[(parts_per_lane, lanes)](salience, flags, parts, nb, sinks, window, topk, salience.stride(0),
-                                               ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)),
-                                               num_warps=4, **pdl)
+    launch(_top_flags_kernel, (parts_per_lane, lanes),
+           (salience, flags, parts, nb, sinks, window, topk, salience.stride(0)),
+           dict(ROWS=rank_rows, COLS=min(rank_cols, triton.next_power_of_2(nb)), num_warps=4, **pdl))
     rows = None if rows_at is not None else torch.empty(rows_size(lanes, nb, topk, sinks, window),
                                                          dtype=torch.int32, device=device)
     if status is None:
@@ -185,10 +186,10 @@ def rule_launch(salience: torch.Tensor, topk: int, sinks: int, window: int, fini
         finite = finite.view(torch.uint8)
     finite = finite.reshape(-1)
     offsets, indices = (parts, parts) if rows is None else (rows, rows[lanes * nb + 1:])  # (int32; unused then)
-    _rule_rows_kernel[(triton.cdiv(nb, block_r), lanes)](flags, parts, finite, offsets, indices, status,
-                                                         status if rows_at is None else rows_at, lanes, nb, sinks,
-                                                         window, parts_per_lane, finite.numel(), BLOCK_R=block_r,
-                                                         COLS=cols, INDIRECT=rows_at is not None, num_warps=4, **pdl)
+    launch(_rule_rows_kernel, (triton.cdiv(nb, block_r), lanes),
+           (flags, parts, finite, offsets, indices, status, status if rows_at is None else rows_at, lanes, nb,
+            sinks, window, parts_per_lane, finite.numel()),
+           dict(BLOCK_R=block_r, COLS=cols, INDIRECT=rows_at is not None, num_warps=4, **pdl))
     return rows, status
 
 

@@ -1,5 +1,6 @@
-"""The short launch path of the attention kernels: a compiled kernel looked up once per specialisation and
-launched through its own launcher, without Triton's per-call argument binding.
+"""The short launch path of the kit's kernels (attention, selection, the GPU schedule build): a compiled kernel
+looked up once per specialisation and launched through its own launcher, without Triton's per-call argument
+binding. It imports nothing of the package, so every kernel module may use it.
 
 ``kernel[grid](*args, **meta)`` binds every argument, computes Triton's specialisation key (integers equal to 1
 or divisible by 16, 16-byte-aligned pointers, 32- or 64-bit integers), looks the compiled kernel up, and only

@@ -3,6 +3,8 @@ that picks blocks. Lists of names are derived from it (:func:`names`), never wri
 
 from __future__ import annotations
 
+import functools
+
 from . import (centroid, cluster, cluster_centroid, oracle, quest, random, topology, topology_22, window)
 from .selector import Selector
 
@@ -18,13 +20,20 @@ def names(path: str | None = None, **flags: bool) -> tuple[str, ...]:
     for another path."""
     if path not in (None, "block", "step", "token"):
         raise ValueError(f"path must be None, 'block', 'step' or 'token', got {path!r}")
+    return _names(path, tuple(sorted(flags.items())))
+
+
+@functools.cache
+def _names(path: str | None, flags: tuple[tuple[str, bool], ...]) -> tuple[str, ...]:
+    """:func:`names` for a checked ``path`` and its flags as sorted items (kept per call: the registry is fixed
+    at import, and a layer's selection asks once or twice)."""
     chosen = []
     for name, selector in SELECTORS.items():
         if path == "block" and selector.block_scores is None and name != "topology_22":
             continue
         if path in ("step", "token") and getattr(selector, f"{path}_scores") is None:
             continue
-        if all(getattr(selector, flag) == value for flag, value in flags.items()):
+        if all(getattr(selector, flag) == value for flag, value in flags):
             chosen.append(name)
     return tuple(chosen)
 

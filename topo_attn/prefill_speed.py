@@ -87,9 +87,10 @@ def host_syncs(fn: Callable[[], object]) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _backends(block_size: int, sinks: int, window: int,
-              budgets: list[int]) -> list[tuple[str, str, str | None, int | None]]:
-    """(label, attn_implementation, selector, budget) of every row but FlexAttention's."""
+def _backends(block_size: int, sinks: int, window: int, budgets: list[int],
+              selectors: tuple[str, ...] | None = None) -> list[tuple[str, str, str | None, int | None]]:
+    """(label, attn_implementation, selector, budget) of every row but FlexAttention's; with ``selectors``, the
+    floor, sdpa and the rows of those names only (``"dense"``: the kit's dense row)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -101,8 +102,10 @@ def _backends(block_size: int, sinks: int, window: int,
                                     partial(tat.plain_causal_mask, "topo_attn_prefill_floor"))
     rows = [(FLOOR, "topo_attn_prefill_floor", None, None), ("sdpa", "sdpa", None, None)]
     common = dict(block_size=block_size, sinks=sinks, window=window)
-    rows.append(("topo_attn dense", tat.register("dense", name="topo_attn_prefill_dense", **common), "dense", None))
-    for selector in selection.names("block"):
+    if selectors is None or "dense" in selectors:
+        rows.append(("topo_attn dense", tat.register("dense", name="topo_attn_prefill_dense", **common), "dense",
+                     None))
+    for selector in (s for s in selection.names("block") if selectors is None or s in selectors):
         for budget in (budgets if selection.SELECTORS[selector].adds_blocks else budgets[:1]):
             name = f"topo_attn_prefill_{selector}_{budget}"
             rows.append((f"topo_attn {selector}", tat.register(selector, budget=budget, name=name, **common),
@@ -112,7 +115,8 @@ def _backends(block_size: int, sinks: int, window: int,
 
 def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch: int = 1, sinks: int = 1,
                        window: int = 1, topk: int | None = None, median_ms: Callable = calls_median_ms,
-                       with_flex: bool = True, after_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
+                       with_flex: bool = True, after_row: Callable[[list[dict]], None] | None = None,
+                       selectors: tuple[str, ...] | None = None) -> list[dict]:
     """Rows (module docstring) of ``model`` (a transformers causal LM, in eval mode, on its device; left on
     ``sdpa``) prefilling ``batch`` sequences of ``seq_len`` random tokens (seeded by ``seq_len``), named ``name``
     in the rows' ``case``. The kit's backend uses blocks of ``block_size``, ``sinks`` and ``window``, and each
@@ -120,7 +124,9 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     The heads, head dim and dtype recorded are the model's. ``median_ms(fn)`` times a call; FlexAttention (left
     out without ``with_flex``) that fails is reported on stderr and its row holds NaN. The syncs and the
     per-layer timings are measured on a GPU only (NaN elsewhere). ``after_row(rows)`` is called with the rows
-    done so far (ratios included) after each attention, so a caller can keep them if the run is cut short."""
+    done so far (ratios included) after each attention, so a caller can keep them if the run is cut short.
+    ``selectors``: only the rows of these selectors (``"dense"`` for the kit's dense row) next to the floor,
+    sdpa and FlexAttention (None: every selector)."""
     import transformers
 
     from . import selection
@@ -132,7 +138,7 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
     nb = num_blocks(seq_len, block_size)
     budgets = [topk] if topk is not None else sorted({max(1, nb // 8), FIXED_BUDGET})
-    backends = _backends(block_size, sinks, window, budgets)
+    backends = _backends(block_size, sinks, window, budgets, selectors)
     if with_flex:  # last: its compilation is the slowest step, and a stall there leaves the other rows done
         backends.append(("flex_attention", "flex_attention", None, None))
     on_gpu = torch.device(device).type == "cuda"

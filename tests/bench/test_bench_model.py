@@ -66,6 +66,23 @@ def test_model_case_rows_on_a_tiny_model(device):
     assert table[3] == f"| tiny | sdpa |  | 3.0 | 1.00x | 1.00 |  |  |  | {syncs} | 0.00e+00 |"
 
 
+def test_model_case_with_some_selectors_keeps_the_floor_and_sdpa(device):
+    from topo_attn.bench.model import run_model_case
+    from topo_attn.prefill_speed import FLOOR
+
+    case = Case("tiny", 1, 4, 2, 160, 16, 16, "float32")
+    timed = iter(range(1, 100))
+    rows = run_model_case(case, lambda fn: float(next(timed)), with_flex=False, device=device, shape=TINY,
+                          selectors=("quest",))
+    assert [(r["attention"], r["budget"]) for r in rows] == [(FLOOR, None), ("sdpa", None),
+                                                             ("topo_attn quest", 1), ("topo_attn quest", 32)]
+    assert rows[2]["vs_sdpa"] == 3.0 / 2.0 and rows[2]["floor_ms"] == 1.0  # ratios against this run's rows
+    timed = iter(range(1, 100))
+    rows = run_model_case(case, lambda fn: float(next(timed)), with_flex=False, device=device, shape=TINY,
+                          selectors=("dense", "window"))
+    assert [r["attention"] for r in rows] == [FLOOR, "sdpa", "topo_attn dense", "topo_attn window"]
+
+
 def test_slow_selectors_are_left_out_of_long_cases(device, monkeypatch):
     from topo_attn import selection
     from topo_attn import prefill_speed
@@ -88,8 +105,8 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake(case, median_ms, with_flex=True, after_row=None):
-        seen.append((case.name, median_ms, with_flex))
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
+        seen.append((case.name, median_ms, with_flex, selectors))
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
 
@@ -99,7 +116,7 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "run_model_case", fake)
     out = tmp_path / "model.json"
     assert runner.main(["--suite", "model", "--no-flex", "--out", str(out), "--no-progress"]) == 0
-    assert seen == [(c.name, runner.calls_median_ms, False) for c in SUITES["model"]]
+    assert seen == [(c.name, runner.calls_median_ms, False, None) for c in SUITES["model"]]
     data = json.loads(out.read_text())
     assert data["suite"] == "model" and data["gpu"] == "NVIDIA Test GPU" and "torch" in data and "triton" in data
     assert data["command"] == f"python -m topo_attn.bench --suite model --no-flex --out {out}" and "commit" in data
@@ -115,7 +132,7 @@ def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, t
 
     cases = SUITES["model"][:2]
 
-    def fake(case, median_ms, with_flex=True, after_row=None):
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
         rows = []
         for attention in ("no attention", "sdpa", "topo_attn dense"):
             rows.append(dict(case=case.name, attention=attention, selector=None, budget=None, ms=2.0,
@@ -139,3 +156,27 @@ def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, t
         (cases[0].name, "no attention"), (cases[0].name, "sdpa"), (cases[0].name, "topo_attn dense"),
         (cases[1].name, "no attention"), (cases[1].name, "sdpa")]
     assert data["partial"] == f"1 of 2 cases so far, and the rows of {cases[1].name} done so far"
+
+
+def test_runner_passes_the_selectors_to_the_model_suite_only(monkeypatch, tmp_path):
+    from topo_attn.bench import runner
+    from topo_attn.cli import UsageError
+
+    seen = []
+
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
+        seen.append(selectors)
+        return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
+                     visited_fraction=float("nan"), max_logit_diff=0.0)]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "run_model_case", fake)
+    assert runner.main(["--suite", "model", "--cases", "S8k", "--selectors", "quest", "dense", "--out",
+                        str(tmp_path / "m.json"), "--no-progress"]) == 0
+    assert seen == [("quest", "dense")]
+    with pytest.raises(UsageError, match="--selectors: applies to the model suite only"):
+        runner.main(["--suite", "llm", "--selectors", "quest"])
+    with pytest.raises(SystemExit):  # not a selector of the suite: argparse's choices
+        runner.build_parser().parse_args(["--suite", "model", "--selectors", "bogus"])

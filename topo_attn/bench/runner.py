@@ -29,6 +29,7 @@ import torch
 from .. import cli
 from ..prefill_speed import calls_median_ms
 from ..provenance import code_version
+from ..selection import names
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
 from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
@@ -43,6 +44,9 @@ from .train import run_train_case, train_markdown
 
 __all__ = ["SUITES", "build_parser", "main", "run_cases"]
 PROG = "python -m topo_attn.bench"
+
+MODEL_SELECTORS = ("dense",) + names("block")
+"""The ``--selectors`` choices: the kit's dense row and every whole-sequence selector."""
 DISPLAY_FLAGS = ("--no-progress", "--progress", "--debug")
 """Flags that change only what is shown while the runner works: left out of the command stored with the results."""
 
@@ -76,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--suite", choices=sorted(SUITES), default="llm")
     parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these strings")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compilation is slow)")
+    parser.add_argument("--selectors", nargs="+", default=None, choices=MODEL_SELECTORS,
+                        help="model suite: only these selectors' rows ('dense': the kit's dense row) next to the "
+                             "floor and sdpa (default: all)")
     parser.add_argument("--note", default=None, help="a note stored with the results (the commit is stored anyway)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         raise cli.UsageError(f"argument --cases: {' '.join(args.cases)} matches no case of suite {args.suite}; "
                              f"its cases are {', '.join(c.name for c in SUITES[args.suite])}")
+    if args.selectors is not None and args.suite != "model":
+        raise cli.UsageError(f"argument --selectors: applies to the model suite only, not to suite {args.suite}")
     if not torch.cuda.is_available():
         print(f"{PROG}: error: the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/",
               file=sys.stderr)
@@ -115,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             found = run_select_case(case, median_ms)
         elif args.suite == "model":  # a long case keeps its rows so far (the file is rewritten after each)
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex,
-                                   after_row=lambda part: write(finished + part, cases_done, case.name))
+                                   after_row=lambda part: write(finished + part, cases_done, case.name),
+                                   selectors=None if args.selectors is None else tuple(args.selectors))
         elif args.suite == "generate":
             found = run_generate_case(case)
         elif args.suite == "step":

@@ -98,6 +98,13 @@ def test_slow_selectors_are_left_out_of_long_cases(device, monkeypatch):
     assert [r["ms"] for r in rows if not r["skipped"]] == [1.0, 2.0, 3.0, 4.0]  # floor, sdpa, dense, window
 
 
+def pretend_gpu(monkeypatch) -> None:
+    """The runner sees a CUDA GPU called "NVIDIA Test GPU" (the cases are stand-ins)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+
 def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
     import json
 
@@ -110,9 +117,7 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    pretend_gpu(monkeypatch)
     monkeypatch.setattr(runner, "run_model_case", fake)
     out = tmp_path / "model.json"
     assert runner.main(["--suite", "model", "--no-flex", "--out", str(out), "--no-progress"]) == 0
@@ -143,9 +148,7 @@ def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, t
                 raise KeyboardInterrupt  # the run's time limit
         return rows
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    pretend_gpu(monkeypatch)
     monkeypatch.setattr(runner, "run_model_case", fake)
     out = tmp_path / "model.json"
     with pytest.raises(KeyboardInterrupt):
@@ -169,9 +172,7 @@ def test_runner_passes_the_selectors_to_the_model_suite_only(monkeypatch, tmp_pa
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA Test GPU")
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    pretend_gpu(monkeypatch)
     monkeypatch.setattr(runner, "run_model_case", fake)
     assert runner.main(["--suite", "model", "--cases", "S8k", "--selectors", "quest", "dense", "--out",
                         str(tmp_path / "m.json"), "--no-progress"]) == 0

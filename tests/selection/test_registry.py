@@ -10,16 +10,10 @@ from topo_attn.selection.registry import SELECTORS, get, names
 
 
 def expected(path=None, **flags) -> tuple[str, ...]:
-    """The names, recomputed from each selector's fields."""
-    out = []
-    for name, selector in SELECTORS.items():
-        if path == "block" and selector.block_scores is None and name != "topology_22":
-            continue
-        if path in ("step", "token") and getattr(selector, f"{path}_scores") is None:
-            continue
-        if all(getattr(selector, flag) == value for flag, value in flags.items()):
-            out.append(name)
-    return tuple(out)
+    """The names, recomputed from each selector's fields: the paths it has, then the flags asked."""
+    has = {None: lambda n, s: True, "block": lambda n, s: s.block_scores is not None or n == "topology_22",
+           "step": lambda n, s: s.step_scores is not None, "token": lambda n, s: s.token_scores is not None}[path]
+    return tuple(n for n, s in SELECTORS.items() if has(n, s) and all(getattr(s, f) == v for f, v in flags.items()))
 
 
 @pytest.mark.parametrize("path", [None, "block", "step", "token"])

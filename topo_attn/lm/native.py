@@ -7,7 +7,9 @@ per attention of ``--attentions`` (default :data:`DEFAULT_ATTENTIONS`: SDPA, the
 ``centroid``, ``topology`` and ``topology_22`` at ``--budget``, default n/8: an eighth of the context's blocks,
 16 extra blocks per query block at context 8192 with 64-token blocks) by :func:`topo_attn.lm.train.train`
 (``TrainSettings.attention``; its checkpoint in ``--models/<attention>/``; ``window`` adds no blocks: the sink
-and the one-block window only, the floor of the comparison). Each model is then scored on the
+and the one-block window only, the floor of the comparison). With ``--init FOLDER`` every model starts from that
+checkpoint's weights instead of the seeded initialisation (a dense model fine-tuned with each attention). Each
+model is then scored on the
 held-out documents with the attention it was trained with, and the SDPA-trained model also with every other
 attention of the list applied after training; both through :func:`topo_attn.lm.study.quality_rows` (bits per
 byte by :func:`topo_attn.lm.evaluate.bits_per_byte`, the passkey probe by

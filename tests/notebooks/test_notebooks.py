@@ -27,6 +27,7 @@ EXPECTED = {
     "03_schedule_explorer": ["causal blocks scheduled", "max |kernel - reference|"],
     # with the committed results: the decode suite's table, timed both ways
     "04_benchmark": ["showing the committed results", "| B8 H32 kv8 q1 S128k D128 b64 | ours 1/8 |",
+                     "| Llama-1B-shape B1 S128k b64 | topo_attn centroid | 32 |",
                      "timer: cuda graph replay", "timer: eager"],
     # with the committed results: the summary, the pooled-strict comparison and the research table
     "06_language_model": ["bits/byte", "max |logit(dense) - logit(sdpa)|", "passkey @8064",

@@ -65,7 +65,9 @@ def model_markdown(rows: list[dict]) -> str:
     """The markdown table of ``rows`` (from :func:`run_model_case`)."""
     lines = markdown_header(MODEL_COLUMNS, left=2)
     for r in rows:
-        lines.append(f"| {r['case']} | {r['attention']} | {r.get('budget') or ''} | {shown(r['ms'], '.1f')} | "
+        budget = r.get("budget")  # (a float in a table read back with missing budgets)
+        budget = "" if budget is None or budget != budget else int(budget)
+        lines.append(f"| {r['case']} | {r['attention']} | {budget} | {shown(r['ms'], '.1f')} | "
                      f"{shown(r['vs_sdpa'], '.2f', 'x')} | {shown(r.get('attention_share'), '.2f')} | "
                      f"{shown(r['visited_fraction'], '.1%')} | {shown(r.get('schedule_share'), '.1%')} | "
                      f"{shown(r.get('host_us_per_layer'), '.0f')} | {shown(r.get('syncs'), '.0f')} | "

@@ -96,6 +96,25 @@ def test_dense_logits_equal_sdpa(dtype, device):
     assert (logits_with(model, sparse, ids) - want).abs().max() > 10 * TOLERANCE[dtype] * max(1, want.abs().max())
 
 
+def test_dense_layers_run_on_the_dense_tiles_and_count_the_backend_blocks(device, monkeypatch):
+    """A dense layer runs every causal block in blocks of DENSE_BLOCK_SIZE (the same attention, faster tiles);
+    its statistics count the backend's blocks, as a sparse layer's do, so totals over mixed layers add up."""
+    seen = []
+    real = tat.scheduled_attention
+    monkeypatch.setattr(tat, "scheduled_attention", lambda q, k, v, schedule, **kw: seen.append(
+        (schedule.block_size, schedule.lanes)) or real(q, k, v, schedule, **kw))
+    name = tat.register(selector="centroid", block_size=BLOCK, sinks=1, window=1, budget=1, dense_layers=(0,),
+                        name="topo_mixed")
+    model = tiny_llama(torch.float32, device)
+    ids = token_ids(2, 150, device)
+    logits_with(model, name, ids)
+    assert seen == [(max(BLOCK, tat.DENSE_BLOCK_SIZE), None), (BLOCK, (2, 2))]  # layer 0 dense, layer 1 centroid
+    stats = tat.last_stats(name)
+    nb = ta.num_blocks(150, BLOCK)
+    assert stats[0].scheduled_blocks == stats[0].causal_blocks == 2 * 4 * nb * (nb + 1) // 2
+    assert stats[1].causal_blocks == stats[0].causal_blocks and stats[1].visited_fraction < 1.0
+
+
 def test_model_built_with_the_name_in_its_config(device):
     name = tat.register(selector="dense", block_size=BLOCK, name="topo_dense")
     model = tiny_llama(torch.float32, device, attn_implementation=name)

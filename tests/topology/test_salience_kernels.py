@@ -281,6 +281,46 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, str
     assert build.cached_graphs() == 1
 
 
+@pytest.mark.parametrize("lanes, blocks, block_size", [(1, 1, 16), (3, 5, 16), (2, 40, 8)])
+def test_salience_of_keys_equals_the_salience_of_the_centroids(lanes, blocks, block_size, device):
+    """The keys' saliences (the topology selector's path: centroids, then saliences; launch by launch in the
+    interpreter) equal the CPU path's saliences of the float64 centroids, and key_block_salience picks it."""
+    from topo_attn.topology import key_block_salience
+    from topo_attn.topology.gpu.graph import salience_of_keys
+
+    gen = torch.Generator().manual_seed(blocks)
+    keys = torch.randn(lanes, blocks * block_size - (block_size // 2 if blocks > 1 else 0), 12, generator=gen)
+    want = ta.block_salience(ta.block_centroids(keys, block_size))  # float64, the CPU path
+    got = salience_of_keys(keys.to(device), block_size, torch.float64, use_graph=False)
+    assert got.dtype == torch.float64 and torch.equal(got.cpu(), want)
+    four = keys.view(1, lanes, *keys.shape[1:])
+    assert torch.equal(key_block_salience(four.to(device), block_size, torch.float64).cpu(), want.view(1, lanes, -1))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("heads, blocks", [(3, 70), (4, 300)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_salience_graph_replays_new_keys_without_aliasing(dtype, heads, blocks):
+    """The topology selector's saliences on a GPU: one cached graph for one (lanes, blocks, features, dtype),
+    the centroids written into it before each replay; each call equals the launch-by-launch result for its
+    own keys (8 lanes of 300 blocks: lane groups on parallel streams), a result is unchanged by later calls,
+    and three calls back to back without a sync stay in order."""
+    from topo_attn.topology.gpu import graph as build
+
+    gen = torch.Generator().manual_seed(5)
+    keys = [torch.randn(2 * heads, 64 * blocks, 32, generator=gen).cuda() for _ in range(3)]
+    build.clear_graphs()
+    got = [build.salience_of_keys(k, 64, dtype) for k in keys]  # no sync between them
+    assert build.cached_graphs() == 1
+    eager = [build.salience_of_keys(k, 64, dtype, use_graph=False) for k in keys]
+    for g, e in zip(got, eager):
+        assert torch.equal(g, e)
+    assert not torch.equal(got[0], got[1])
+    want = ta.block_salience(ta.block_centroids(keys[0].cpu(), 64))
+    if dtype == torch.float64:
+        assert torch.equal(got[0].cpu(), want)
+
+
 def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:
     """Keys ``[1, lanes, blocks * block_size, dim]`` whose block centroids lie on a line with the gap
     ``1 + v`` between blocks ``i`` and ``i + 1``, ``v`` the number of times 2 divides ``i + 1``: each Boruvka

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from ..topology import block_centroids, block_salience
+from ..topology import block_centroids, block_salience, key_block_salience
 from .selector import Scorer, Selector, to_groups
 
 
 def key_salience(k: torch.Tensor, block_size: int, dtype: torch.dtype) -> torch.Tensor:
     """The elder-rule salience of each key block among all of them, per key/value head: ``[B, H_kv, n]`` from
     ``k [B, H_kv, S, D]``; float64 on the CPU (the exact path), ``dtype`` centroids on a GPU (its kernels, all
-    lanes at once, no host sync: the centroids of finite keys need no check)."""
-    centroids = block_centroids(k.detach(), block_size, dtype if k.is_cuda else torch.float64)
-    return block_salience(centroids, check=False)
+    lanes at once, replayed from a CUDA graph, no host sync: the centroids of finite keys need no check;
+    :func:`~topo_attn.topology.key_block_salience`)."""
+    return key_block_salience(k.detach(), block_size, dtype)
 
 
 def block_scores(q, k, block_size, groups, dtype, **_) -> torch.Tensor:

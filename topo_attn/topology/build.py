@@ -73,6 +73,25 @@ def block_salience(centroids: torch.Tensor, check: bool = True) -> torch.Tensor:
     return _salience(check_centroids(centroids, batched=True) if check else centroids)
 
 
+def key_block_salience(keys: torch.Tensor, block_size: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The elder-rule salience of each key block among its lane's blocks, from the keys: ``[..., S, D]`` ->
+    ``[..., n]``, trusting the keys (finite, floating: the kit's own; no check and no host sync).
+
+    On a CUDA device (``n <=`` :data:`MAX_GPU_BLOCKS`) with a float32 or float64 ``dtype``: the centroids in
+    ``dtype`` (one launch) and the salience kernels replayed from a CUDA graph
+    (:func:`.gpu.graph.salience_of_keys`), the same saliences as :func:`block_salience` of
+    :func:`block_centroids` with fewer launches. Otherwise :func:`block_salience` of :func:`block_centroids` in
+    ``dtype`` (float64 on the CPU)."""
+    seq, dim = keys.shape[-2], keys.shape[-1]
+    n = num_blocks(seq, block_size)
+    if cpu_build_reason(keys.device, n) is None and dtype in (torch.float32, torch.float64):
+        from .gpu.graph import salience_of_keys  # triton is imported on first use
+
+        flat = keys.reshape(keys.shape[:-2].numel(), seq, dim)
+        return salience_of_keys(flat, block_size, dtype).reshape(*keys.shape[:-2], n)
+    return _salience(block_centroids(keys, block_size, dtype if keys.is_cuda else torch.float64))
+
+
 def _salience(centroids: torch.Tensor) -> torch.Tensor:
     """:func:`block_salience` of already checked centroids."""
     n = centroids.shape[-2]

@@ -15,6 +15,7 @@ launch (:mod:`.pdl`).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import triton
@@ -56,19 +57,16 @@ def lane_groups(lanes: int, n: int, dtype: torch.dtype) -> int:
     return groups if lanes >= 2 * groups and lanes % groups == 0 else 1
 
 
-def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None,
-            rows_at: torch.Tensor | None = None):
-    """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rows.rule_launch`, with no host
-    sync; the status holds the centroids' finiteness flag (written to ``status`` if given; the rows to the
-    buffer whose address ``rows_at`` holds, if given)."""
+def _saliences(centroids: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`.salience.salience_and_finite` of centroids ``[L, n, D]``, its lanes in :func:`lane_groups` groups
+    on parallel streams; ``out``: an ``[L, n]`` tensor for the saliences, or None. No host sync."""
     lanes, n, _ = centroids.shape
     groups = lane_groups(lanes, n, centroids.dtype) if centroids.is_cuda else 1
     if groups == 1:
-        salience, finite = salience_and_finite(centroids)
-        return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
+        return salience_and_finite(centroids, out=out)
     # -- lane groups on parallel streams, each writing its share of the saliences and flags
     size = lanes // groups
-    salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device)
+    salience = torch.empty(lanes, n, dtype=centroids.dtype, device=centroids.device) if out is None else out
     finite = torch.stack([finite_flags(size, n, centroids.device) for _ in range(groups)])
     main = torch.cuda.current_stream(centroids.device)
     streams = [torch.cuda.Stream(centroids.device) for _ in range(groups)]
@@ -79,6 +77,15 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
             salience_and_finite(centroids[lanes_g], out=salience[lanes_g], finite=finite[g])
     for stream in streams:
         main.wait_stream(stream)
+    return salience, finite
+
+
+def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status: torch.Tensor | None = None,
+            rows_at: torch.Tensor | None = None):
+    """Centroids ``[L, n, D]`` -> ``(rows buffer, status)`` of :func:`.rows.rule_launch`, with no host
+    sync; the status holds the centroids' finiteness flag (written to ``status`` if given; the rows to the
+    buffer whose address ``rows_at`` holds, if given)."""
+    salience, finite = _saliences(centroids)
     return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
 
 
@@ -135,11 +142,12 @@ def cached_graphs() -> int:
     return len(_graphs)
 
 
-def _graph_for(key: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dtype,
-               rule: tuple[int, int, int]) -> _BuildGraph:
+def _graph_for(key: tuple, build: Callable[[], object]):
+    """The cached graph of ``key``, built by ``build()`` when there is none (the least recently used ones dropped
+    beyond :data:`MAX_GRAPHS`)."""
     graph = _graphs.pop(key, None)
     if graph is None:
-        graph = _BuildGraph(keys, block_size, dtype, rule)
+        graph = build()
     _graphs[key] = graph  # most recently used last
     while len(_graphs) > MAX_GRAPHS:
         _graphs.popitem(last=False)
@@ -208,7 +216,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's cost)
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
                block_size, dtype, rule)
-        graph = _graph_for(key, keys, block_size, dtype, rule)
+        graph = _graph_for(key, lambda: _BuildGraph(keys, block_size, dtype, rule))
         # a new rows buffer for each build, written by the graph (no copy out of the graph's buffers); it was
         # allocated after the previous build's replay, and the next one is allocated while the GPU works
         rows = graph.next_rows
@@ -224,3 +232,56 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         offsets, tail = split_rows(rows, lanes * n)
         total, finite = status.tolist()
     return offsets, tail[:total], bool(finite)
+
+
+class _SalienceGraph:
+    """The saliences of centroids ``[L, n, D]`` (all lanes, :func:`_saliences`), captured for one (lanes, blocks,
+    features, dtype). Its input is its own centroid buffer, which the caller fills before each replay with one
+    centroid launch reading the keys in place, stream-ordered after the previous replay: no address goes through
+    host memory, so nothing waits for the GPU."""
+
+    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device):
+        self.stream = torch.cuda.current_stream(device)
+        # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
+        self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
+        self.salience = torch.empty(lanes, n, dtype=dtype, device=device)
+        # -- one run outside the graph compiles the kernels; then the capture
+        side = torch.cuda.Stream(device)
+        side.wait_stream(self.stream)
+        with torch.cuda.stream(side):
+            _saliences(self.centroids, out=self.salience)
+        self.stream.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            _saliences(self.centroids, out=self.salience)
+        self.stream.synchronize()
+
+
+def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, use_graph: bool = True) -> torch.Tensor:
+    """The elder-rule salience of each block of ``keys`` among its lane's blocks, with no host sync: the block
+    centroids (one launch, the keys read in place) and the saliences, which on a CUDA device replay a graph
+    cached per (device, stream, lanes, blocks, features, dtype) (up to :data:`GRAPH_MAX_BYTES` of distance
+    scratch): three launches instead of the two dozen of the salience kernels.
+
+    Arguments:
+        keys: ``[L, S, D]``, any float dtype and strides, on a CUDA device or (Triton's interpreter, launch by
+            launch) the CPU; ``n = ceil(S / block_size) <=`` :data:`~topo_attn.topology.gpu.MAX_BLOCKS`.
+        block_size: key rows per block, ``>= 1``.
+        dtype: the dtype of centroids, distances and saliences, float32 or float64.
+        use_graph: replay a cached CUDA graph where it applies (True) or launch every kernel from Python (False).
+
+    Returns:
+        ``[L, n]`` in ``dtype``, a tensor of its own (the graph's buffer is copied out: the next replay rewrites
+        it). Centroids that are not finite give meaningless saliences (in bounds): callers check the keys.
+    """
+    lanes, seq, dim = keys.shape
+    n = triton.cdiv(seq, block_size)
+    scratch = lanes * n * n * torch.finfo(dtype).bits // 8
+    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES:
+        device = keys.get_device()
+        key = ("salience", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
+        graph = _graph_for(key, lambda: _SalienceGraph(lanes, n, dim, dtype, keys.device))
+        block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
+        graph.graph.replay()
+        return graph.salience.clone()
+    return _saliences(block_centroids_kernel(keys, block_size, dtype))[0]

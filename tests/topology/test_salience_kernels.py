@@ -319,6 +319,14 @@ def test_salience_graph_replays_new_keys_without_aliasing(dtype, heads, blocks):
     want = ta.block_salience(ta.block_centroids(keys[0].cpu(), 64))
     if dtype == torch.float64:
         assert torch.equal(got[0].cpu(), want)
+    # inside a caller's capture (a captured forward) the kernels are captured there, launch by launch
+    build.clear_graphs()
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        captured = build.salience_of_keys(keys[2], 64, dtype)
+    outer.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager[2]) and build.cached_graphs() == 0
 
 
 def _ruler_keys(lanes: int, blocks: int, block_size: int, dim: int) -> torch.Tensor:

@@ -268,7 +268,8 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
             launch) the CPU; ``n = ceil(S / block_size) <=`` :data:`~topo_attn.topology.gpu.MAX_BLOCKS`.
         block_size: key rows per block, ``>= 1``.
         dtype: the dtype of centroids, distances and saliences, float32 or float64.
-        use_graph: replay a cached CUDA graph where it applies (True) or launch every kernel from Python (False).
+        use_graph: replay a cached CUDA graph where it applies (True; not while the current stream is being
+            captured) or launch every kernel from Python (False).
 
     Returns:
         ``[L, n]`` in ``dtype``, a tensor of its own (the graph's buffer is copied out: the next replay rewrites
@@ -277,7 +278,8 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     scratch = lanes * n * n * torch.finfo(dtype).bits // 8
-    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES:
+    # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
+    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES and not torch.cuda.is_current_stream_capturing():
         device = keys.get_device()
         key = ("salience", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
         graph = _graph_for(key, lambda: _SalienceGraph(lanes, n, dim, dtype, keys.device))

@@ -73,10 +73,11 @@ from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
-__all__ = ["BLOCK_STATS_ATTRIBUTE", "SELECTOR_NAMES", "STATIC_STATE_ATTRIBUTE", "DenseDecodeWarning", "LayerStats",
-           "LayerTiming", "Settings", "check_attention_call", "check_backend_name", "is_static_cache_marker",
-           "last_stats", "plain_causal_mask", "record_timings", "register", "registered", "schedule_for",
-           "static_cache_marker", "step_schedule", "timings", "visited_totals"]
+__all__ = ["BLOCK_STATS_ATTRIBUTE", "DENSE_BLOCK_SIZE", "SELECTOR_NAMES", "STATIC_STATE_ATTRIBUTE",
+           "DenseDecodeWarning", "LayerStats", "LayerTiming", "Settings", "check_attention_call", "check_backend_name",
+           "dense_block_size", "is_static_cache_marker", "last_stats", "plain_causal_mask", "record_timings",
+           "register", "registered", "schedule_for", "static_cache_marker", "step_schedule", "timings",
+           "visited_totals"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -327,19 +328,25 @@ def timings(name: str = "topo_attn") -> list[LayerTiming]:
 def schedule_for(settings: Settings, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
                  scale: float | None = None) -> BlockSchedule:
     """The schedule a layer runs for ``query [B, Hq, S, D]`` and ``key [B, Hkv, S, D]``: every causal block
-    (shared by all lanes) when ``settings.is_dense(layer_idx)``, else
+    (shared by all lanes, in blocks of :func:`dense_block_size`) when ``settings.is_dense(layer_idx)``, else
     ``selection.select(settings.selector, query, key, block_size, sinks, window, budget, **options)`` on the
     detached tensors (lanes ``(B, Hkv)``, or ``(B, Hq)`` with ``per_query_head`` in the options), on the query's
     device. ``scale``: the oracle's softmax scale (``1 / sqrt(D)`` when None)."""
     seq_len = query.shape[-2]
     if settings.is_dense(layer_idx):
-        return dense_causal_schedule(seq_len, settings.block_size, query.device)
+        return dense_causal_schedule(seq_len, dense_block_size(settings), query.device)
     options = dict(settings.options)
     if settings.selector == "oracle":
         options["scale"] = scale
     with torch.no_grad():
         return select(settings.selector, query.detach(), key.detach(), settings.block_size, settings.sinks,
                       settings.window, settings.budget, **options)
+
+
+def dense_block_size(settings: Settings) -> int:
+    """The block size of a dense layer's schedule over a whole sequence: the backend's, at least
+    :data:`DENSE_BLOCK_SIZE`."""
+    return max(settings.block_size, DENSE_BLOCK_SIZE)
 
 
 def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len: int | None = None,
@@ -474,7 +481,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
         # the kernels and the statistics read any strides: transformers' [B, S, H, D] views are not copied
         dense = settings.is_dense(layer_idx)
         if dense:  # every causal block: the same attention on the faster tiles
-            schedule = _dense_schedule(backend, q_len, query.device, block_size=max(bs, DENSE_BLOCK_SIZE))
+            schedule = _dense_schedule(backend, q_len, query.device, block_size=dense_block_size(settings))
         else:
             schedule = schedule_for(settings, layer_idx, query, key, scaling)
         if timed:

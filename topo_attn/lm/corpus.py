@@ -330,7 +330,8 @@ def build_eval_set(files: list[SourceFile], length: int = EVAL_LENGTH, count: in
     ``seeded_key(sha256, seed, "file")``; round ``r`` takes the ``r``-th file of every package that has one.
     So the first documents come from as many packages as there are, and a file added to one package moves no
     other package's choice. When ``count`` is smaller than the packages and the rounds leave the standard library
-    out, its first file takes the last place. A window starts at ``seeded_key(sha256, seed, "window") % (size - length + 1)``.
+    out, its first file takes the last place. A window starts at
+    ``seeded_key(sha256, seed, "window") % (size - length + 1)``.
 
     Raises:
         ValueError: fewer than ``count`` eligible files, or the chosen ones span fewer than ``min_packages``

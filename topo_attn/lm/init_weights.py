@@ -91,9 +91,9 @@ def load_init(path: str, config, eval_names: list[str], eval_documents: np.ndarr
 
     Raises:
         TypeError: ``path`` is not a str or a path.
-        ValueError: no such folder, no ``config.json`` / ``eval_set.npz`` (:func:`check_folder`) or weights there, a shape field of
-            :data:`SHAPE_FIELDS` that differs, ``max_position_embeddings`` below the run's, or an evaluation set
-            that differs from the run's (the message says which).
+        ValueError: no such folder, no ``config.json`` / ``eval_set.npz`` (:func:`check_folder`) or weights
+            there, a shape field of :data:`SHAPE_FIELDS` that differs, ``max_position_embeddings`` below the
+            run's, or an evaluation set that differs from the run's (the message says which).
     """
     folder = check_folder(path, label)
     theirs = json.loads((folder / "config.json").read_text())

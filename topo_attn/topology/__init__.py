@@ -8,5 +8,5 @@ from .build import (block_centroids, block_salience, key_block_salience, schedul
 from .persistence import centroid_distances, minimum_spanning_tree, persistence_barcode, top_salient_blocks
 
 __all__ = ["SINK", "SKIPPED", "SOURCE_NAMES", "TOPOLOGY", "WINDOW", "block_centroids", "block_salience",
-           "centroid_distances", "key_block_salience", "minimum_spanning_tree", "persistence_barcode", "schedule_from_salience",
-           "schedule_sources", "top_salient_blocks", "topology_schedule"]
+           "centroid_distances", "key_block_salience", "minimum_spanning_tree", "persistence_barcode",
+           "schedule_from_salience", "schedule_sources", "top_salient_blocks", "topology_schedule"]

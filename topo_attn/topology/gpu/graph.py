@@ -89,6 +89,33 @@ def _stages(centroids: torch.Tensor, topk: int, sinks: int, window: int, status:
     return rule_launch(salience, topk, sinks, window, finite, status, rows_at)
 
 
+def _graph_fits(lanes: int, n: int, dtype: torch.dtype) -> bool:
+    """Whether a build of ``lanes`` lanes of ``n`` blocks in ``dtype`` may be held by a cached graph: its distance
+    scratch within :data:`GRAPH_MAX_BYTES`."""
+    return lanes * n * n * torch.finfo(dtype).bits // 8 <= GRAPH_MAX_BYTES
+
+
+def _centroid_buffer(lanes: int, n: int, dim: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A graph's input centroids ``[L, n, D]``, features first in memory: the layout the distance kernel reads
+    (no transposed copy in the graph)."""
+    return torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
+
+
+def _captured(stages: Callable[[], object], stream: torch.cuda.Stream, device) -> torch.cuda.CUDAGraph:
+    """``stages()`` run once on a side stream (it compiles the kernels), then captured; the capture has finished
+    on ``stream`` when this returns."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        stages()
+    stream.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        stages()
+    stream.synchronize()
+    return graph
+
+
 class _BuildGraph:
     """Every stage, keys ``[L, S, D]`` to the rows buffer, captured for one shape, strides and rule. The
     centroid kernel reads the keys' address from device memory when the graph runs, so the keys are read in
@@ -99,8 +126,7 @@ class _BuildGraph:
         n = triton.cdiv(seq, block_size)
         device = keys.device
         self.stream = torch.cuda.current_stream(device)  # (the graph's key holds this stream's handle)
-        # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
-        self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
+        self.centroids = _centroid_buffer(lanes, n, dim, dtype, device)
         # the addresses of the keys and of the rows buffer (rows_size entries, a new one per build), set by
         # the host in pinned memory through a numpy view (a microsecond) and copied to the device by the
         # graph's first node: the kernels read them from device memory (from pinned memory, every warp of
@@ -120,16 +146,7 @@ class _BuildGraph:
             block_centroids_kernel(keys, block_size, dtype, out=self.centroids, keys_at=self.addresses[:1])
             return _stages(self.centroids, *rule, status=self.status, rows_at=self.addresses[1:])
 
-        # -- one run outside the graph compiles the kernels; then the capture
-        side = torch.cuda.Stream(device)
-        side.wait_stream(self.stream)
-        with torch.cuda.stream(side):
-            stages()
-        self.stream.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            stages()
-        self.stream.synchronize()
+        self.graph = _captured(stages, self.stream, device)
 
 
 def clear_graphs() -> None:
@@ -210,8 +227,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
-    scratch = lanes * n * n * torch.finfo(dtype).bits // 8
-    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES:
+    if keys.is_cuda and use_graph and _graph_fits(lanes, n, dtype):
         device = keys.get_device()
         # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's cost)
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
@@ -242,19 +258,9 @@ class _SalienceGraph:
 
     def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device):
         self.stream = torch.cuda.current_stream(device)
-        # features first in memory, the layout the distance kernel reads (no transposed copy in the graph)
-        self.centroids = torch.zeros(lanes, dim, n, dtype=dtype, device=device).transpose(1, 2)
+        self.centroids = _centroid_buffer(lanes, n, dim, dtype, device)
         self.salience = torch.empty(lanes, n, dtype=dtype, device=device)
-        # -- one run outside the graph compiles the kernels; then the capture
-        side = torch.cuda.Stream(device)
-        side.wait_stream(self.stream)
-        with torch.cuda.stream(side):
-            _saliences(self.centroids, out=self.salience)
-        self.stream.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            _saliences(self.centroids, out=self.salience)
-        self.stream.synchronize()
+        self.graph = _captured(lambda: _saliences(self.centroids, out=self.salience), self.stream, device)
 
 
 def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, use_graph: bool = True) -> torch.Tensor:
@@ -277,9 +283,8 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
     """
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
-    scratch = lanes * n * n * torch.finfo(dtype).bits // 8
     # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
-    if keys.is_cuda and use_graph and scratch <= GRAPH_MAX_BYTES and not torch.cuda.is_current_stream_capturing():
+    if keys.is_cuda and use_graph and _graph_fits(lanes, n, dtype) and not torch.cuda.is_current_stream_capturing():
         device = keys.get_device()
         key = ("salience", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
         graph = _graph_for(key, lambda: _SalienceGraph(lanes, n, dim, dtype, keys.device))

@@ -243,6 +243,10 @@ BAD_NATIVE = [
     (["--documents", str(TrainSettings().eval_documents + 1)], "--documents", "--eval-documents"),
     (["--block-size", "8"], "--block-size", "power of two"),
     (["--out", "/nonexistent/folder/x.json"], "--out", "existing folder"),
+    (["--suite-probes", "-1"], "--suite-probes", ">= 0"),
+    (["--suite-distances", "0"], "--suite-distances", ">= 1"),
+    (["--suite-distances", "8192"], "--suite-distances", "do not fit --context 8192"),
+    (["--suite-tasks", "haystack"], "--suite-tasks", "invalid choice"),
 ]
 
 
@@ -298,7 +302,8 @@ def native_run(tmp_path_factory, roots):
             "--device", "cpu", *root_options(roots), "--context", "256", "--batch", "1", "--steps", "2",
             "--warmup", "1", "--eval-every", "100", "--eval-documents", "2", "--log-every", "1", "--block-size", "32",
             "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-            "--intermediate", "128", "--documents", "1", "--probes", "1", "--eval-batch", "1", "--no-progress"]
+            "--intermediate", "128", "--documents", "1", "--probes", "1", "--eval-batch", "1", "--no-progress",
+            "--suite-probes", "2", "--suite-tasks", "plain_needle", "--suite-distances", "100"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert cli.run(lm_main, argv, prog=PROG) == 0
@@ -325,6 +330,12 @@ def test_native_writes_the_rows_and_the_provenance(native_run):
         assert row["tokens_per_s"] == pytest.approx(2 * 256 / row["seconds"])  # batch 1
         assert row["tokens_per_s_after_first_step"] > 0 and row["run_seconds"] > row["seconds"]
         assert [p["distance"] for p in row["passkey"]] == [128] and row["passkey"][0]["probes"] == 1
+        (cell,) = row["retrieval_suite"]  # one task at one distance, two probes
+        assert (cell["task"], cell["distance"], cell["n"]) == ("plain_needle", 100, 2)
+        assert cell["accuracy"] == row["retrieval_suite_accuracy"] in (0.0, 0.5, 1.0)
+        assert cell["wilson_low"] <= cell["accuracy"] <= cell["wilson_high"]
+    assert result["retrieval_suite"] == dict(probes_per_cell=2, tasks=["plain_needle"], distances=[100],
+                                             formats="held_out", unscored=[])
     assert rows["sdpa"]["budget"] is None and rows["sdpa"]["visited_fraction"] == 1.0
     assert rows["sdpa"]["train_visited_fraction"] is None
     assert rows["quest"]["budget"] == 1 and rows["quest"]["visited_fraction"] == pytest.approx(per_row(BLOCKS, 4))
@@ -355,3 +366,39 @@ def test_native_scores_agree_with_the_evaluation_functions(native_run):
         bits = bits_per_byte(token_losses(model, docs))
         assert bits["all"] == pytest.approx(expected["bits_per_byte"], rel=1e-6), (trained, attention)
     assert rows["quest"]["bits_per_byte"] != rows["sdpa"]["bits_per_byte"]  # two models, trained differently
+
+
+def test_native_retrieval_suite_agrees_with_the_suite_runner(native_run):
+    """Each row's retrieval suite is the suite runner's own scoring of its checkpoint: the same held-out-format
+    probes (seed --probe-seed, built into the held-out documents), sdpa at full attention, quest per token (no
+    look-ahead), and the SDPA-trained model under quest for the after-training row."""
+    from topo_attn.lm import retrieval_runner
+    from topo_attn.lm.evaluate import passkey_scores
+    from topo_attn.lm.token_attention import register_token_selection
+
+    result, models = native_run["result"], native_run["folder"] / "models"
+    docs = np.load(models / "sdpa" / "eval_set.npz")["documents"][:1]
+    probes = retrieval_runner.build_probes(docs, ["plain_needle"], [100], 2, 1, 1, 32)
+    assert len(probes) == 2 and all(p.distance == 100 for p in probes)
+    rows = {r["attention"]: r for r in result["rows"]}
+    token = register_token_selection("quest", 32, 1, 1, 1, name="native_suite_check")
+    for trained, attention, expected in (("sdpa", "sdpa", rows["sdpa"]), ("quest", token, rows["quest"]),
+                                         ("sdpa", token, result["after_training"][0])):
+        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=torch.float32).eval()
+        model.set_attn_implementation(attention)
+        correct = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=1)]
+        assert expected["retrieval_suite_accuracy"] == sum(correct) / 2, (trained, attention)
+
+
+def test_the_suite_scores_only_without_look_ahead():
+    """topology_22 (a whole sequence's saliences) has no token form: native leaves its suite empty and the runner
+    refuses it; window, sdpa and dense are scored per block, the token selectors per token."""
+    from topo_attn.lm import retrieval_runner
+
+    assert retrieval_runner.suite_granularity("topology_22") is None
+    assert native.suite_fields(None, ["a probe"], "topology_22", 16, None) == dict(retrieval_suite=None,
+                                                                                 retrieval_suite_accuracy=None)
+    with pytest.raises(ValueError, match="without look-ahead"):
+        retrieval_runner.score_probes(None, [], "topology_22", 16, None, 1)
+    assert [retrieval_runner.suite_granularity(a) for a in ("sdpa", "dense", "window", "quest", "topology")] == [
+        "block", "block", "block", "token", "token"]

@@ -17,7 +17,8 @@ byte by :func:`topo_attn.lm.evaluate.bits_per_byte`, the passkey probe by
 
 The JSON (``--out``, e.g. ``data/benchmarks/lm_native_<gpu>.json``; written after every model, ``complete``
 true at the end) holds, besides the GPU, versions, command and commit (:func:`topo_attn.provenance.code_version`)
-and the settings:
+and the settings (``retrieval_suite``: the suite's probes per cell, tasks, distances, formats and the attentions
+it leaves ``unscored``):
 
 - ``rows``, one per trained model: ``attention``, ``budget`` (extra blocks per query block; None for ``sdpa``
   and ``dense``, 0 for ``window``), ``bits_per_byte`` (all held-out positions), ``bits_per_byte_by_position``
@@ -26,7 +27,12 @@ and the settings:
   bytes per second of the training steps, validations between them left out; a token is a byte),
   ``tokens_per_s_after_first_step`` (the same without the first step, which on a GPU compiles the kernels),
   ``steps``, ``seconds`` (the training steps' wall time), ``run_seconds`` (the whole training run: corpus,
-  validations, probes, saving), ``train_visited_fraction`` and ``model`` (the checkpoint's folder);
+  validations, probes, saving), ``train_visited_fraction``, ``model`` (the checkpoint's folder),
+  ``retrieval_suite`` (the retrieval suite of :mod:`topo_attn.lm.retrieval_runner` in its held-out formats, per
+  task and distance: ``task``, ``distance``, ``accuracy``, ``n``, ``ci_low``, ``ci_high``, ``wilson_low``,
+  ``wilson_high``; ``--suite-probes`` per cell, built into the held-out documents and scored without
+  look-ahead, :func:`~topo_attn.lm.retrieval_runner.suite_granularity`; None for an attention it cannot score
+  so, and with ``--suite-probes 0``) and ``retrieval_suite_accuracy`` (over all its probes);
 - ``after_training``, the SDPA-trained model with each other attention of the list (``trained_with``:
   ``"sdpa"``): the same evaluation fields (empty, with a note, when ``sdpa`` is not among ``--attentions``).
 
@@ -48,6 +54,7 @@ from ..provenance import ROOT, code_version
 from . import train as training
 from .corpus import parse_roots
 from .results import LM_NATIVE_SUITE
+from .retrieval import TASKS
 
 PROG = "python -m topo_attn.lm native"
 DEFAULT_ATTENTIONS = ("sdpa", "window", "quest", "centroid", "topology", "topology_22")
@@ -57,10 +64,10 @@ DEFAULT_MODELS = ROOT / "data" / "lm_native"
 """Where the checkpoints go by default (one folder per attention)."""
 ROW_FIELDS = ("attention", "budget", "bits_per_byte", "bits_per_byte_by_position", "visited_fraction", "passkey",
               "tokens_per_s", "tokens_per_s_after_first_step", "steps", "seconds", "run_seconds",
-              "train_visited_fraction", "model")
+              "train_visited_fraction", "model", "retrieval_suite", "retrieval_suite_accuracy")
 """The fields of a ``rows`` entry."""
 AFTER_FIELDS = ("attention", "budget", "trained_with", "bits_per_byte", "bits_per_byte_by_position",
-                "visited_fraction", "passkey")
+                "visited_fraction", "passkey", "retrieval_suite", "retrieval_suite_accuracy")
 """The fields of an ``after_training`` entry."""
 NO_SDPA = "no after_training rows: 'sdpa' is not among --attentions, so no dense-trained model was trained"
 
@@ -82,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probes", type=int, default=16, help="passkey probes per distance")
     parser.add_argument("--probe-seed", type=int, default=1, help="seed of the passkey probes")
     parser.add_argument("--eval-batch", type=int, default=4, help="documents per forward in the evaluation")
+    parser.add_argument("--suite-probes", type=int, default=8,
+                        help="retrieval-suite probes per task and distance (held-out formats; 0: no suite)")
+    parser.add_argument("--suite-tasks", nargs="+", default=list(TASKS), choices=list(TASKS),
+                        help="the retrieval suite's tasks (default: all)")
+    parser.add_argument("--suite-distances", type=int, nargs="+", default=None,
+                        help="the retrieval suite's distances in bytes (default: 1k, 2k, 4k, ... and context - 128)")
     parser.add_argument("--no-after-training", dest="after_training", action="store_false",
                         help="skip the SDPA-trained model under the other attentions")
     parser.add_argument("--device", default="cuda")
@@ -122,6 +135,12 @@ def check_args(args: argparse.Namespace) -> None:
     for option, value in (("--documents", args.documents), ("--probes", args.probes),
                           ("--eval-batch", args.eval_batch)):
         cli.check_at_least(option, value, 1)
+    cli.check_at_least("--suite-probes", args.suite_probes, 0)
+    cli.check_at_least("--suite-distances", args.suite_distances, 1, "distance")
+    too_far = [d for d in args.suite_distances or () if d >= args.context]
+    if too_far:
+        raise cli.UsageError(f"argument --suite-distances: {too_far} do not fit --context {args.context} "
+                             f"(expected distances < context)")
     if args.documents > args.eval_documents:
         raise cli.UsageError(f"argument --documents: at most --eval-documents ({args.eval_documents}, the held-out "
                              f"documents a training run keeps), got {args.documents}")
@@ -150,6 +169,19 @@ def _scored(perplexity: dict, retrieval: list[dict]) -> dict:
                 visited_fraction=perplexity["visited_fraction"], passkey=passkey)
 
 
+def suite_fields(model, probes: list, attention: str, budget: int | None, args: argparse.Namespace) -> dict:
+    """``retrieval_suite`` and ``retrieval_suite_accuracy`` of ``model`` under ``attention`` at ``budget`` on
+    ``probes`` (None for both when there are none or the suite cannot score the attention without look-ahead)."""
+    from . import retrieval_runner
+
+    if not probes or retrieval_runner.suite_granularity(attention) is None:
+        return dict(retrieval_suite=None, retrieval_suite_accuracy=None)
+    correct = retrieval_runner.score_probes(model, probes, attention, budget, args, args.eval_batch)
+    cells = [dict(task=task, distance=distance, **retrieval_runner.cell_accuracy([correct[i] for i in at]))
+             for (task, distance), at in retrieval_runner.cells(probes).items()]
+    return dict(retrieval_suite=cells, retrieval_suite_accuracy=sum(correct) / len(correct))
+
+
 def training_row(scored: dict, summary: dict, folder: Path) -> dict:
     """A ``rows`` entry: the evaluation of ``scored`` (:func:`_scored`) and the speed of the training run whose
     :func:`~topo_attn.lm.train.train` summary is ``summary``."""
@@ -171,8 +203,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     device = args.device
     dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     shape, roots, models = training.shape_from_args(args), parse_roots(args.root), Path(args.models)
+    from .retrieval_runner import build_probes, suite_granularity
+
     evaluation = _evaluation_args(args)
     budgets = {a: training.attention_budget(settings_for(args, a)) for a in args.attentions}
+    suite_distances = list(args.suite_distances or training.probe_distances(args.context))
     base = training.settings_from_args(args, attention="sdpa", budget=None)  # recorded less these two fields
     result = dict(
         suite=LM_NATIVE_SUITE, gpu=torch.cuda.get_device_name(device) if torch.device(device).type == "cuda"
@@ -182,6 +217,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         attentions=list(args.attentions), budgets=budgets, block_size=args.block_size, sinks=args.sinks,
         window=args.window, settings={k: v for k, v in asdict(base).items() if k not in ("attention", "budget")},
         shape=asdict(shape), documents=args.documents, length=args.context, probes=args.probes,
+        retrieval_suite=dict(probes_per_cell=args.suite_probes, tasks=list(args.suite_tasks),
+                             distances=suite_distances, formats="held_out",
+                             unscored=[a for a in args.attentions if suite_granularity(a) is None]),
         dtype=str(dtype).removeprefix("torch."), device=device, rows=[], after_training=[], notes=[])
     if args.after_training and "sdpa" not in args.attentions:
         result["notes"].append(NO_SDPA)
@@ -192,13 +230,18 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
                                  progress=args.progress, max_shard_size=args.max_shard_size)
         model = study.load_model(folder, device, dtype)
         docs = study.load_documents(folder / "eval_set.npz", args.documents)
+        probes = build_probes(docs, list(args.suite_tasks), suite_distances, args.suite_probes, args.probe_seed,
+                              max([b for b in budgets.values() if b] or [0]), args.block_size,
+                              option="--suite-distances") if args.suite_probes else []
         perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress,
                                                    configs=[(attention, budgets[attention])])
-        result["rows"].append(training_row(_scored(perplexity[0], retrieval), summary, folder))
+        suite = suite_fields(model, probes, attention, budgets[attention], args)
+        result["rows"].append(dict(training_row(_scored(perplexity[0], retrieval), summary, folder), **suite))
         if attention == "sdpa" and args.after_training:
             configs = [(a, budgets[a]) for a in args.attentions if a != "sdpa"]
             perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress, configs=configs)
-            scored = [dict(_scored(p, retrieval), trained_with="sdpa") for p in perplexity]
+            scored = [dict(_scored(p, retrieval), trained_with="sdpa",
+                           **suite_fields(model, probes, p["attention"], p["budget"], args)) for p in perplexity]
             result["after_training"] = [{k: r[k] for k in AFTER_FIELDS} for r in scored]
         del model
         if torch.device(device).type == "cuda":
@@ -220,11 +263,13 @@ def _version(module: str) -> str:
 def markdown(result: dict) -> str:
     """A Markdown table of a :func:`run` result: per trained attention its budget, visited fraction, bits per byte
     (all and per position bucket) trained natively and, for the SDPA-trained model with that attention applied
-    after training, the same; training tokens per second, steps and seconds."""
+    after training, the same; the retrieval suite's accuracy of both; training tokens per second, steps and
+    seconds."""
     after = {r["attention"]: r for r in result["after_training"]}
     buckets = list(result["rows"][0]["bits_per_byte_by_position"]) if result["rows"] else []
     head = ["attention", "budget", "visited", "bits/byte native", "after SDPA training",
-            *[f"native {b}" for b in buckets], "tokens/s", "steps", "seconds"]
+            *[f"native {b}" for b in buckets], "suite native", "suite after SDPA training", "tokens/s", "steps",
+            "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in result["rows"]:
         other = after.get(row["attention"])
@@ -234,9 +279,16 @@ def markdown(result: dict) -> str:
                  f"{row['visited_fraction']:.1%}", f"{row['bits_per_byte']:.3f}",
                  "" if other is None else f"{other['bits_per_byte']:.3f}",
                  *[f"{row['bits_per_byte_by_position'][b]:.3f}" for b in buckets],
+                 _accuracy(row), "" if other is None else _accuracy(other),
                  f"{row['tokens_per_s']:.0f}", str(row["steps"]), f"{row['seconds']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _accuracy(row: dict) -> str:
+    """A row's retrieval-suite accuracy as a percentage, blank when it was not scored (an older file included)."""
+    accuracy = row.get("retrieval_suite_accuracy")
+    return "" if accuracy is None else f"{accuracy:.0%}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,10 +112,10 @@ def line_formats(task: str, kind: str = "held_out") -> tuple[str, ...]:
 
 
 def build_probes(docs: np.ndarray, tasks: list[str], distances: list[int], per_cell: int, seed: int,
-                 budget: int, block_size: int, formats: str = "held_out") -> list:
+                 budget: int, block_size: int, formats: str = "held_out", option: str = "--distances") -> list:
     """Per task (in order), ``per_cell`` probes per distance in its ``formats`` (:func:`line_formats`), built
-    into ``docs`` (``uint8 [N, L]``), each ``L`` bytes long. Raises ``ValueError`` naming ``--distances`` when a
-    distance does not fit, or the generator's error when the documents cannot host a probe."""
+    into ``docs`` (``uint8 [N, L]``), each ``L`` bytes long. Raises ``ValueError`` naming ``option`` (the
+    command line's distances) when a distance does not fit or the documents cannot host a probe."""
     probes = []
     for task in tasks:
         options = dict(budget=budget, block_size=block_size) if task == "single_needle" else {}
@@ -123,30 +123,65 @@ def build_probes(docs: np.ndarray, tasks: list[str], distances: list[int], per_c
             probes += probe_set(task, docs, distances, per_cell, formats=line_formats(task, formats), seed=seed,
                                 **options)
         except ValueError as error:
-            raise ValueError(f"argument --distances: {task} probes of {docs.shape[1]} bytes at distances "
+            raise ValueError(f"argument {option}: {task} probes of {docs.shape[1]} bytes at distances "
                              f"{distances}: {error}") from error
     return probes
+
+
+def suite_granularity(attention: str) -> str | None:
+    """How the suite scores ``attention`` without look-ahead: ``"token"`` for a selector of
+    :data:`~topo_attn.lm.token_attention.TOKEN_SELECTORS` (each query token chooses from its own query among the
+    complete blocks before it); ``"block"`` for ``sdpa``, ``dense`` and ``window``, whose blocks depend on no
+    query or key; None for the others (``topology_22``: the salience of a whole sequence's block centroids, so a
+    query block's choice reads keys after it), which the suite does not score."""
+    if attention in TOKEN_SELECTORS:
+        return "token"
+    return "block" if attention in ("sdpa", "dense", "window") else None
+
+
+def score_probes(model, probes: list, attention: str, budget: int | None, args: argparse.Namespace,
+                 batch: int) -> list[bool]:
+    """Whether ``model`` answers each of ``probes`` exactly (:func:`~topo_attn.lm.evaluate.passkey_scores`)
+    under ``attention`` at ``budget``, at its :func:`suite_granularity` (``args``: the rule's ``block_size``,
+    ``sinks``, ``window``). Raises ``ValueError`` for an attention the suite cannot score without look-ahead."""
+    granularity = suite_granularity(attention)
+    if granularity is None:
+        raise ValueError(f"the retrieval suite cannot score {attention!r} without look-ahead (expected sdpa, "
+                         f"dense, window or one of {list(TOKEN_SELECTORS)})")
+    settings = argparse.Namespace(block_size=args.block_size, sinks=args.sinks, window=args.window,
+                                  granularity=granularity, strict=False, per_query_head=False, dense_layers=[])
+    use_attention(model, attention, budget, settings)
+    return [bool(r["exact"]) for r in passkey_scores(model, probes, batch=batch)]
+
+
+def cells(probes: list) -> dict[tuple[str, int], list[int]]:
+    """The probes' indices per cell ``(task, distance)``, in the probes' order."""
+    at: dict[tuple[str, int], list[int]] = {}
+    for i, probe in enumerate(probes):
+        at.setdefault((probe.task, probe.distance), []).append(i)
+    return at
+
+
+def cell_accuracy(correct: list[bool]) -> dict:
+    """One cell's ``accuracy``, ``n``, 95% bootstrap ``ci_low``/``ci_high`` and Wilson ``wilson_low``/``wilson_high``
+    from its probes' outcomes."""
+    boot, wilson = intervals.bootstrap_interval(correct), intervals.wilson_interval(correct)
+    return dict(accuracy=boot.accuracy, n=boot.n, ci_low=boot.ci_low, ci_high=boot.ci_high,
+                wilson_low=wilson.ci_low, wilson_high=wilson.ci_high)
 
 
 def cell_rows(probes: list, outcomes: dict[tuple[str, int | None], list[bool]]) -> list[dict]:
     """The rows of the module docstring from per-probe outcomes: ``outcomes[(attention, budget)]`` holds one bool
     per probe of ``probes`` (in order); ``("dense", None)`` must be among them."""
-    cells: dict[tuple[str, int], list[int]] = {}
-    for i, probe in enumerate(probes):
-        cells.setdefault((probe.task, probe.distance), []).append(i)
     dense = outcomes[("dense", None)]
     rows = []
     for (attention, budget), correct in outcomes.items():
-        for (task, distance), at in cells.items():
+        for (task, distance), at in cells(probes).items():
             mine = [correct[i] for i in at]
             theirs = [dense[i] for i in at]
-            boot = intervals.bootstrap_interval(mine)
-            wilson = intervals.wilson_interval(mine)
             row = dict(task=task, distance=distance, attention=attention,
                        selector=None if attention in ("sdpa", "dense") else attention, budget=budget,
-                       accuracy=boot.accuracy, n=boot.n, ci_low=boot.ci_low, ci_high=boot.ci_high,
-                       wilson_low=wilson.ci_low, wilson_high=wilson.ci_high,
-                       dense_reaches_90=bool(np.mean(theirs) >= DENSE_THRESHOLD))
+                       **cell_accuracy(mine), dense_reaches_90=bool(np.mean(theirs) >= DENSE_THRESHOLD))
             if row["selector"] is not None:
                 diff = intervals.paired_difference(mine, theirs)
                 row.update(minus_dense=diff.difference, minus_dense_low=diff.ci_low, minus_dense_high=diff.ci_high)
@@ -175,9 +210,6 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
     distances = list(args.distances) if args.distances else probe_distances(length)
     probes = build_probes(docs, list(args.tasks), distances, args.probes, args.seed, max(args.budgets),
                           args.block_size, args.formats)
-    # study.use_attention's settings (granularity, strict, dense_layers): per-token selection, every layer sparse
-    settings = argparse.Namespace(**vars(args), granularity="token", strict=False, per_query_head=False,
-                                  dense_layers=[])
     configs = [("sdpa", None), ("dense", None)] + [(s, b) for s in args.selectors for b in args.budgets]
     started = time.perf_counter()
     header = dict(
@@ -195,8 +227,7 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
         interval=INTERVAL)
     outcomes = {}
     for attention, budget in tqdm(configs, desc="retrieval", disable=not cli.progress_enabled(args.progress)):
-        use_attention(model, attention, budget, settings)
-        outcomes[(attention, budget)] = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=args.batch)]
+        outcomes[(attention, budget)] = score_probes(model, probes, attention, budget, args, args.batch)
         if args.out and ("dense", None) in outcomes:  # what ran so far survives a time limit
             write_result(args.out, header, probes, outcomes, configs, started)
     model.set_attn_implementation("sdpa")

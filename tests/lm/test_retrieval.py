@@ -27,6 +27,11 @@ KV = {
     "set": ("set " + KEY + " " + HEXV, "set " + KEY + " ", "get " + KEY + " ", " "),
     "call": (r'cfg\.put\("' + KEY + '", "' + HEXV + r'"\)', r'cfg\.put\("' + KEY + '", "',
              r'cfg\.get_all\("' + KEY + r'"\) == \["', '", "'),
+    "yaml": (KEY + ": " + HEXV, KEY + ": ", KEY + r": \[", ", "),
+    "json": ('"' + KEY + '": "' + HEXV + '",', '"' + KEY + '": "', '"' + KEY + r'": \["', '", "'),
+    "toml": (KEY + " = '" + HEXV + "'", KEY + " = '", KEY + r" = \['", "', '"),
+    "define": ("#define " + KEY + " 0x" + HEXV, "#define " + KEY + " 0x", KEY + r"_all = \[0x", ", 0x"),
+    "env": ("export " + KEY + "=" + HEXV, "export " + KEY + "=", KEY + r"_list=\(", " "),
     "dict": (r'config\["' + KEY + r'"\]: ' + HEXV, r'config\["' + KEY + r'"\]: ',
              r'config\["' + KEY + r'"\]: \[', ", "),
     "arrow": ("# " + KEY + " -> " + HEXV, "# " + KEY + " -> ", "# " + KEY + " => ", " | "),
@@ -35,6 +40,9 @@ KV = {
 PLAIN = {
     "assign": (r"[ \t]*" + KEY + " = " + NUM, "assert " + KEY + " == "),
     "kwarg": (r"[ \t]*" + KEY + "=" + NUM + ",", r"check\(" + KEY + "="),
+    "setattr": (r'[ \t]*setattr\(obj, "' + KEY + '", ' + NUM + r"\)", r'assert getattr\(obj, "' + KEY + r'"\) == '),
+    "dict_item": (r'[ \t]*"' + KEY + '": ' + NUM + ",", r'assert table\["' + KEY + r'"\] == '),
+    "checked": (r"[ \t]*" + KEY + r" = int\(" + NUM + r"\)", r"check_equal\(" + KEY + ", "),
     "attribute": (r"[ \t]*self\." + KEY + " = " + NUM, r"assert self\." + KEY + " == "),
     "annotated": (r"[ \t]*" + KEY + ": int = " + NUM, r"print\(" + KEY + r"\)  # "),
 }
@@ -42,6 +50,9 @@ PLAIN = {
 CHAIN = {
     "python": (KEY + " = " + NUM, KEY + " = " + KEY, "assert " + KEY + " == "),
     "shell": (KEY + "=" + NUM, KEY + r"=\$" + KEY, r"test \$" + KEY + " -eq "),
+    "c": ("int " + KEY + " = " + NUM + ";", "int " + KEY + " = " + KEY + ";", r"assert\(" + KEY + " == "),
+    "lua": ("local " + KEY + " = " + NUM, "local " + KEY + " = " + KEY, r"print\(" + KEY + r"\) -- "),
+    "perl": (r"my \$" + KEY + " = " + NUM + ";", r"my \$" + KEY + r" = \$" + KEY + ";", r"print \$" + KEY + "; # "),
     "js": ("let " + KEY + " = " + NUM + ";", "let " + KEY + " = " + KEY + ";", r"console\.assert\(" + KEY + " === "),
     "go": (KEY + " := " + NUM, KEY + " := " + KEY, r"fmt\.Println\(" + KEY + r"\)  // "),
 }
@@ -304,7 +315,8 @@ def test_probe_set(fillers):
     assert all(len(p.ids) == 2048 and reference_answer("multi_key", p.format, p.prompt) == p.answer for p in probes)
     again = retrieval.probe_set("multi_key", docs, [900], 4, formats, seed=3, keys=6)
     assert all(np.array_equal(a.ids, b.ids) for a, b in zip(again, probes[4:8]))  # one distance: same probes
-    default = retrieval.probe_set("plain_needle", fillers["real"], [700], 4, seed=1, length=LENGTH)
+    count = len(retrieval.training_formats("plain_needle"))  # one probe per training format
+    default = retrieval.probe_set("plain_needle", fillers["real"], [700], count, seed=1, length=LENGTH)
     assert {p.format for p in default} == set(retrieval.training_formats("plain_needle"))
 
 
@@ -332,7 +344,7 @@ def test_probes_score_as_passkeys():
     (lambda f: retrieval.multi_value(f, 40, 4096, 0), ValueError, "distance"),
     (lambda f: retrieval.multi_key(f, 0, 4096, 0), ValueError, "distance"),
     (lambda f: retrieval.multi_key(f, 100.0, 4096, 0), TypeError, "distance"),
-    (lambda f: retrieval.multi_key(f, 100, 4096, 0, "yaml"), ValueError, "format"),
+    (lambda f: retrieval.multi_key(f, 100, 4096, 0, "xml"), ValueError, "format"),
     (lambda f: retrieval.plain_needle(f, 100, 4096, 0, "set"), ValueError, "format"),
     (lambda f: retrieval.multi_key(f, 100, 4096, 0, 3), TypeError, "format"),
     (lambda f: retrieval.multi_key(f[:1000], 500, 4096, 0), retrieval.FillerError, "filler"),

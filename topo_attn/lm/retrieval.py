@@ -154,6 +154,11 @@ KEY_VALUE_FORMATS = (
     LineFormat("set", False, "set {key} {value}", "set {key} ", "", "get {key} ", " ", ""),
     LineFormat("call", False, 'cfg.put("{key}", "{value}")', 'cfg.put("{key}", "', '")',
                'cfg.get_all("{key}") == ["', '", "', '"]'),
+    LineFormat("yaml", False, "{key}: {value}", "{key}: ", "", "{key}: [", ", ", "]"),
+    LineFormat("json", False, '"{key}": "{value}",', '"{key}": "', '",', '"{key}": ["', '", "', '"]'),
+    LineFormat("toml", False, "{key} = '{value}'", "{key} = '", "'", "{key} = ['", "', '", "']"),
+    LineFormat("define", False, "#define {key} 0x{value}", "#define {key} 0x", "", "{key}_all = [0x", ", 0x", "]"),
+    LineFormat("env", False, "export {key}={value}", "export {key}=", "", "{key}_list=(", " ", ")"),
     LineFormat("dict", True, 'config["{key}"]: {value}', 'config["{key}"]: ', "", 'config["{key}"]: [', ", ", "]"),
     LineFormat("arrow", True, "# {key} -> {value}", "# {key} -> ", "", "# {key} => ", " | ", ""),
 )
@@ -163,6 +168,9 @@ KEY_VALUE_FORMATS = (
 PLAIN_FORMATS = (
     LineFormat("assign", False, "{key} = {value}", "assert {key} == ", indent=True),
     LineFormat("kwarg", False, "{key}={value},", "check({key}=", ")", indent=True),
+    LineFormat("setattr", False, 'setattr(obj, "{key}", {value})', 'assert getattr(obj, "{key}") == ', indent=True),
+    LineFormat("dict_item", False, '"{key}": {value},', 'assert table["{key}"] == ', indent=True),
+    LineFormat("checked", False, "{key} = int({value})", "check_equal({key}, ", ")", indent=True),
     LineFormat("attribute", True, "self.{key} = {value}", "assert self.{key} == ", indent=True),
     LineFormat("annotated", True, "{key}: int = {value}", "print({key})  # ", indent=True),
 )
@@ -171,6 +179,9 @@ PLAIN_FORMATS = (
 CHAIN_FORMATS = (
     LineFormat("python", False, "{key} = {value}", "assert {key} == ", link="{key} = {source}"),
     LineFormat("shell", False, "{key}={value}", "test ${key} -eq ", link="{key}=${source}"),
+    LineFormat("c", False, "int {key} = {value};", "assert({key} == ", ");", link="int {key} = {source};"),
+    LineFormat("lua", False, "local {key} = {value}", "print({key}) -- ", link="local {key} = {source}"),
+    LineFormat("perl", False, "my ${key} = {value};", "print ${key}; # ", link="my ${key} = ${source};"),
     LineFormat("js", True, "let {key} = {value};", "console.assert({key} === ", ");", link="let {key} = {source};"),
     LineFormat("go", True, "{key} := {value}", "fmt.Println({key})  // ", link="{key} := {source}"),
 )

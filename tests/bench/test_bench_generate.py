@@ -54,6 +54,23 @@ def test_generate_case_rows_on_a_tiny_model(device):
     assert "| yes |" in table[4]
 
 
+def test_generate_case_with_some_rows_reports_each_row(device):
+    """``dense=False``, one selector and one merge: the floor, the recipe and that selector's row only, each
+    reported through ``after_row`` as it finishes, with the fields measured against the floor and the recipe."""
+    from topo_attn.bench.generate import NO_ATTENTION, RECIPE, run_generate_case
+
+    case = Case("tiny", 1, 4, 2, 48, 16, 16, "float32")
+    reported = []
+    rows = run_generate_case(case, new_tokens=2, budget_tokens=16, peak_tbps=1.0, device=device, shape=TINY,
+                             repeats=1, warmup=1, selectors=("quest",), merges=("separate",), dense=False,
+                             after_row=reported.append)
+    assert [r["attention"] for r in rows] == [NO_ATTENTION, RECIPE, "kit quest static cache compiled"]
+    assert [[r["attention"] for r in part] for part in reported] == [[NO_ATTENTION, RECIPE],
+                                                                     [NO_ATTENTION, RECIPE, rows[2]["attention"]]]
+    assert reported[-1] == rows and all("tokens" not in r and "vs_recipe" in r for r in reported[-1])
+    assert rows[1]["vs_recipe"] == 1.0 and rows[2]["attention_ms"] == rows[2]["ms_per_token"] - rows[0]["ms_per_token"]
+
+
 def test_fill_and_rewind_keep_the_statistics(device):
     """The filled cache holds ``context`` tokens; rewinding after a generation brings every layer back, and the
     kept statistics cover the context's complete blocks."""

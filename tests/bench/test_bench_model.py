@@ -161,7 +161,7 @@ def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, t
     assert data["partial"] == f"1 of 2 cases so far, and the rows of {cases[1].name} done so far"
 
 
-def test_runner_passes_the_selectors_to_the_model_suite_only(monkeypatch, tmp_path):
+def test_runner_passes_the_selectors_to_the_model_suite(monkeypatch, tmp_path):
     from topo_attn.bench import runner
     from topo_attn.cli import UsageError
 
@@ -177,7 +177,43 @@ def test_runner_passes_the_selectors_to_the_model_suite_only(monkeypatch, tmp_pa
     assert runner.main(["--suite", "model", "--cases", "S8k", "--selectors", "quest", "dense", "--out",
                         str(tmp_path / "m.json"), "--no-progress"]) == 0
     assert seen == [("quest", "dense")]
-    with pytest.raises(UsageError, match="--selectors: applies to the model suite only"):
+    with pytest.raises(UsageError, match="--selectors: applies to the model and generate suites only"):
         runner.main(["--suite", "llm", "--selectors", "quest"])
     with pytest.raises(SystemExit):  # not a selector of the suite: argparse's choices
         runner.build_parser().parse_args(["--suite", "model", "--selectors", "bogus"])
+
+
+def test_runner_passes_selectors_and_merges_to_the_generate_suite(monkeypatch, tmp_path):
+    """``--selectors`` and ``--merges`` choose the generate suite's kit rows ('dense': its dense rows); a selector
+    without a fixed-shape step, or ``--merges`` for another suite, is a usage error before anything runs."""
+    import json
+
+    from topo_attn.bench import runner
+    from topo_attn.cli import UsageError
+
+    seen = []
+
+    def fake(case, selectors=None, dense=True, merges=("separate", "kernel"), after_row=None):
+        seen.append((selectors, dense, merges))
+        rows = [dict(case=case.name, attention=a, budget_tokens=None, ms_per_token=1.0, attention_ms=0.0,
+                     vs_recipe=1.0, new_tokens=32) for a in ("no attention", "recipe")]
+        after_row(rows[:1])
+        raise KeyboardInterrupt  # the run's time limit, after the floor
+
+    pretend_gpu(monkeypatch)
+    monkeypatch.setattr(runner, "run_generate_case", fake)
+    out = tmp_path / "g.json"
+    with pytest.raises(KeyboardInterrupt):
+        runner.main(["--suite", "generate", "--cases", "B8 S128k", "--selectors", "topology", "--merges",
+                     "separate", "--out", str(out), "--no-progress"])
+    assert seen == [(("topology",), False, ("separate",))]
+    data = json.loads(out.read_text())  # the rows so far survive
+    assert [r["attention"] for r in data["rows"]] == ["no attention"] and "partial" in data
+    with pytest.raises(KeyboardInterrupt):
+        runner.main(["--suite", "generate", "--cases", "B1 S32k", "--selectors", "dense", "quest", "--out",
+                     str(out), "--no-progress"])
+    assert seen[-1] == (("quest",), True, ("separate", "kernel"))
+    with pytest.raises(UsageError, match="--selectors: the generate suite runs"):
+        runner.main(["--suite", "generate", "--selectors", "topology_22"])
+    with pytest.raises(UsageError, match="--merges: applies to the generate suite only"):
+        runner.main(["--suite", "model", "--merges", "kernel"])

@@ -35,6 +35,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -151,15 +152,19 @@ def bytes_floor_ms(model, case, context: int, budget_blocks: int | None, selecto
 def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = BUDGET_TOKENS,
                       peak_tbps: float | None = None, selectors: tuple[str, ...] | None = None,
                       device: str = "cuda", shape: dict | None = None, repeats: int = 3,
-                      warmup: int = 2, merges: tuple[str, ...] = ("separate", "kernel")) -> list[dict]:
+                      warmup: int = 2, merges: tuple[str, ...] = ("separate", "kernel"), dense: bool = True,
+                      after_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """The rows of one case (module docstring): ``context = case.seq_len`` tokens in the cache, batch
     ``case.batch``, ``new_tokens`` timed, the selectors at ``budget_tokens`` (default
     :data:`~topo_attn.selection.static_step.STATIC_SELECTORS` without ``window``), on ``device`` with the model
     of :func:`~topo_attn.bench.model.build_model` (``shape`` as there), ``repeats`` timed ``generate`` calls
     after ``warmup`` ones. ``peak_tbps``: the bandwidth of the bytes floor (default: the GPU's datasheet
     figure). ``merges``: the kit's rows are run with each of these ``decode_merge`` modes
-    (:func:`~topo_attn.integrations.transformers.register`), the ``"kernel"`` ones labelled :data:`ONE_LAUNCH`.
-    Each row's ``attention_ms`` is its time less the :data:`NO_ATTENTION` row's."""
+    (:func:`~topo_attn.integrations.transformers.register`), the ``"kernel"`` ones labelled :data:`ONE_LAUNCH`;
+    ``dense=False`` leaves the kit's dense rows out (the floor and the recipe always run, first: every other row
+    is measured against them). Each row's ``attention_ms`` is its time less the :data:`NO_ATTENTION` row's.
+    ``after_row(rows)`` is called with the finished rows so far after each row from the recipe on, so that a
+    run stopped by a time limit keeps them."""
     from transformers import AttentionInterface, StaticCache
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -206,20 +211,7 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
                     budget_tokens=None if budget_blocks is None else budget_blocks * bs, ms_per_token=ms,
                     floor_ms=floor, new_tokens=new_tokens, tokens=tokens, logits=logits)
 
-    AttentionInterface.register("topo_generate_floor", no_attention_step)
-    AttentionMaskInterface.register("topo_generate_floor", partial(tat.plain_causal_mask, "topo_generate_floor"))
-    rows = [timed(NO_ATTENTION, StaticCache, "topo_generate_floor"), timed(RECIPE, StaticCache, "sdpa")]
-    for merge in merges:
-        suffix = ONE_LAUNCH if merge == "kernel" else ""
-        dense = tat.register(selector="dense", block_size=bs, name="topo_generate_dense", decode_merge=merge)
-        rows.append(timed(KIT_DENSE + suffix, TopoStaticCache, dense))
-        for selector in selectors:
-            name = tat.register(selector=selector, block_size=bs, sinks=case.sinks, window=case.window,
-                                budget=budget, name=f"topo_generate_{selector}", decode_merge=merge)
-            rows.append(timed(f"kit {selector} static cache compiled{suffix}", TopoStaticCache, name, (bs,), budget,
-                              selector))
-    floor_row, recipe = rows[0], rows[1]
-    for row in rows:
+    def finish(row: dict, floor_row: dict, recipe: dict) -> None:  # the fields measured against the two
         row["attention_ms"] = row["ms_per_token"] - floor_row["ms_per_token"]
         row["vs_recipe"] = row["ms_per_token"] / recipe["ms_per_token"]
         row["vs_floor"] = row["ms_per_token"] / row["floor_ms"]
@@ -229,6 +221,31 @@ def run_generate_case(case, new_tokens: int = NEW_TOKENS, budget_tokens: int = B
         row["first_logit_diff"] = float((row["logits"] - recipe["logits"]).abs().max())
         if row["attention"].startswith(KIT_DENSE):
             row["tokens_match"] = bool(torch.equal(row["tokens"], recipe["tokens"]))
+
+    rows: list[dict] = []
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        if len(rows) >= 2:
+            for done in rows if len(rows) == 2 else [row]:
+                finish(done, rows[0], rows[1])
+            if after_row is not None:
+                after_row([{k: v for k, v in r.items() if k not in ("tokens", "logits")} for r in rows])
+
+    AttentionInterface.register("topo_generate_floor", no_attention_step)
+    AttentionMaskInterface.register("topo_generate_floor", partial(tat.plain_causal_mask, "topo_generate_floor"))
+    add(timed(NO_ATTENTION, StaticCache, "topo_generate_floor"))
+    add(timed(RECIPE, StaticCache, "sdpa"))
+    for merge in merges:
+        suffix = ONE_LAUNCH if merge == "kernel" else ""
+        if dense:
+            name = tat.register(selector="dense", block_size=bs, name="topo_generate_dense", decode_merge=merge)
+            add(timed(KIT_DENSE + suffix, TopoStaticCache, name))
+        for selector in selectors:
+            name = tat.register(selector=selector, block_size=bs, sinks=case.sinks, window=case.window,
+                                budget=budget, name=f"topo_generate_{selector}", decode_merge=merge)
+            add(timed(f"kit {selector} static cache compiled{suffix}", TopoStaticCache, name, (bs,), budget,
+                      selector))
     for row in rows:
         row.pop("tokens")
         row.pop("logits")

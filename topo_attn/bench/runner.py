@@ -47,6 +47,11 @@ PROG = "python -m topo_attn.bench"
 
 MODEL_SELECTORS = ("dense",) + names("block")
 """The ``--selectors`` choices: the kit's dense row and every whole-sequence selector."""
+GENERATE_SELECTORS = ("dense",) + tuple(n for n in names("step", static_step=True) if n != "window")
+"""What ``--selectors`` may name for the generate suite: the kit's dense rows and each selector with a
+fixed-shape decode step (its default rows)."""
+MERGES = ("separate", "kernel")
+"""The generate suite's ``--merges``: the kit's decode with two launches, or with the merge in one."""
 DISPLAY_FLAGS = ("--no-progress", "--progress", "--debug")
 """Flags that change only what is shown while the runner works: left out of the command stored with the results."""
 
@@ -81,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cases", nargs="*", help="only cases whose name contains one of these strings")
     parser.add_argument("--no-flex", action="store_true", help="skip FlexAttention (its compilation is slow)")
     parser.add_argument("--selectors", nargs="+", default=None, choices=MODEL_SELECTORS,
-                        help="model suite: only these selectors' rows ('dense': the kit's dense row) next to the "
-                             "floor and sdpa (default: all)")
+                        help="model and generate suites: only these selectors' rows ('dense': the kit's dense "
+                             "row) next to the floor and sdpa or the recipe (default: all)")
+    parser.add_argument("--merges", nargs="+", default=None, choices=MERGES,
+                        help="generate suite: the kit's rows with only these decode merges (default: both)")
     parser.add_argument("--note", default=None, help="a note stored with the results (the commit is stored anyway)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
@@ -103,8 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         raise cli.UsageError(f"argument --cases: {' '.join(args.cases)} matches no case of suite {args.suite}; "
                              f"its cases are {', '.join(c.name for c in SUITES[args.suite])}")
-    if args.selectors is not None and args.suite != "model":
-        raise cli.UsageError(f"argument --selectors: applies to the model suite only, not to suite {args.suite}")
+    if args.selectors is not None and args.suite not in ("model", "generate"):
+        raise cli.UsageError(f"argument --selectors: applies to the model and generate suites only, not to suite "
+                             f"{args.suite}")
+    if args.suite == "generate" and args.selectors is not None:
+        other = [s for s in args.selectors if s not in GENERATE_SELECTORS]
+        if other:
+            raise cli.UsageError(f"argument --selectors: the generate suite runs {list(GENERATE_SELECTORS)}, got "
+                                 f"{other}")
+    if args.merges is not None and args.suite != "generate":
+        raise cli.UsageError(f"argument --merges: applies to the generate suite only, not to suite {args.suite}")
     if not torch.cuda.is_available():
         print(f"{PROG}: error: the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/",
               file=sys.stderr)
@@ -126,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex,
                                    after_row=lambda part: write(finished + part, cases_done, case.name),
                                    selectors=None if args.selectors is None else tuple(args.selectors))
-        elif args.suite == "generate":
-            found = run_generate_case(case)
+        elif args.suite == "generate":  # like the model suite, a long case keeps its rows so far
+            chosen = args.selectors
+            found = run_generate_case(
+                case, selectors=None if chosen is None else tuple(s for s in chosen if s != "dense"),
+                dense=chosen is None or "dense" in chosen, merges=tuple(args.merges or MERGES),
+                after_row=lambda part: write(finished + part, cases_done, case.name))
         elif args.suite == "step":
             found = run_step_case(case, graph_median_ms)
         elif args.suite == "decode":
@@ -151,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def write(rows: list[dict], done: int, running: str | None = None) -> str:
         """The results file with the rows of the first ``done`` cases, and those of case ``running`` so far
-        (rewritten after every case, and after every row of a model case: a run cut short keeps them, marked
+        (rewritten after every case, and after every row of a model or generate case: a run cut short keeps them, marked
         ``partial``); returns the table."""
         table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
         result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,

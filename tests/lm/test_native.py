@@ -247,6 +247,8 @@ BAD_NATIVE = [
     (["--suite-distances", "0"], "--suite-distances", ">= 1"),
     (["--suite-distances", "8192"], "--suite-distances", "do not fit --context 8192"),
     (["--suite-tasks", "haystack"], "--suite-tasks", "invalid choice"),
+    (["--compare", "sdpa"], "--compare", "must be one of"),
+    (["--compare", "oracle"], "--compare", "must be one of"),
 ]
 
 
@@ -294,16 +296,21 @@ def test_budget_defaults_to_n_over_8():
 
 
 # --------------------------------------------------------------------------------------- the native study
-@pytest.fixture(scope="module")
-def native_run(tmp_path_factory, roots):
-    folder = tmp_path_factory.mktemp("native")
-    out = folder / "lm_native_cpu.json"
-    argv = ["native", "--out", str(out), "--models", str(folder / "models"), "--attentions", "sdpa", "quest",
+def native_argv(out, models, roots, *attentions) -> list[str]:
+    """The CPU smoke run's command line (tiny model, 2 steps at context 256) for ``attentions``."""
+    return ["native", "--out", str(out), "--models", str(models), "--attentions", *attentions,
             "--device", "cpu", *root_options(roots), "--context", "256", "--batch", "1", "--steps", "2",
             "--warmup", "1", "--eval-every", "100", "--eval-documents", "2", "--log-every", "1", "--block-size", "32",
             "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
             "--intermediate", "128", "--documents", "1", "--probes", "1", "--eval-batch", "1", "--no-progress",
             "--suite-probes", "2", "--suite-tasks", "plain_needle", "--suite-distances", "100"]
+
+
+@pytest.fixture(scope="module")
+def native_run(tmp_path_factory, roots):
+    folder = tmp_path_factory.mktemp("native")
+    out = folder / "lm_native_cpu.json"
+    argv = native_argv(out, folder / "models", roots, "sdpa", "quest")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert cli.run(lm_main, argv, prog=PROG) == 0
@@ -402,3 +409,38 @@ def test_the_suite_scores_only_without_look_ahead():
         retrieval_runner.score_probes(None, [], "topology_22", 16, None, 1)
     assert [retrieval_runner.suite_granularity(a) for a in ("sdpa", "dense", "window", "quest", "topology")] == [
         "block", "block", "block", "token", "token"]
+
+
+def test_native_resume_adds_models_and_keeps_what_ran(native_run, tmp_path, roots, capsys):
+    """``--resume`` adds a run's models to an earlier file of equal settings: its rows and after-training rows
+    stay, the attentions it holds are not trained again, each run is listed; other settings are refused before
+    anything is trained, and the file is left as it was."""
+    out = tmp_path / "parts.json"
+    out.write_text(native_run["out"].read_text())
+    before = json.loads(out.read_text())
+    argv = [*native_argv(out, tmp_path / "models", roots, "quest", "window"), "--resume"]
+    assert cli.run(lm_main, argv, prog=PROG) == 0
+    result = json.loads(out.read_text())
+    assert [r["attention"] for r in result["rows"]] == ["sdpa", "quest", "window"]
+    assert result["rows"][:2] == before["rows"] and result["after_training"] == before["after_training"]
+    assert not (tmp_path / "models" / "quest").exists()  # held by the file: not trained again
+    assert result["attentions"] == ["sdpa", "quest", "window"] and result["budgets"]["window"] == 0
+    assert [r["attentions"] for r in result["runs"]] == [["sdpa", "quest"], ["quest", "window"]]
+    assert result["complete"] is True and list(result["rows"][2]) == list(native.ROW_FIELDS)
+    capsys.readouterr()
+    other = [*native_argv(out, tmp_path / "other", roots, "centroid"), "--resume", "--steps", "3"]
+    assert cli.run(lm_main, other, prog=PROG) == 2
+    err = capsys.readouterr().err
+    assert "argument --resume" in err and "settings" in err and "Traceback" not in err
+    assert json.loads(out.read_text()) == result and not (tmp_path / "other").exists()
+
+
+def test_compare_chooses_the_after_training_attentions(tmp_path, roots):
+    """``--attentions sdpa --compare window``: one trained model, scored after training with window only."""
+    out = tmp_path / "sdpa.json"
+    argv = [*native_argv(out, tmp_path / "models", roots, "sdpa"), "--compare", "window"]
+    assert cli.run(lm_main, argv, prog=PROG) == 0
+    result = json.loads(out.read_text())
+    assert [r["attention"] for r in result["rows"]] == ["sdpa"] and result["notes"] == []
+    assert [(r["attention"], r["budget"]) for r in result["after_training"]] == [("window", 0)]
+    assert result["budgets"] == {"sdpa": None, "window": 0}

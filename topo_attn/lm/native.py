@@ -33,8 +33,15 @@ it leaves ``unscored``):
   ``wilson_high``; ``--suite-probes`` per cell, built into the held-out documents and scored without
   look-ahead, :func:`~topo_attn.lm.retrieval_runner.suite_granularity`; None for an attention it cannot score
   so, and with ``--suite-probes 0``) and ``retrieval_suite_accuracy`` (over all its probes);
-- ``after_training``, the SDPA-trained model with each other attention of the list (``trained_with``:
-  ``"sdpa"``): the same evaluation fields (empty, with a note, when ``sdpa`` is not among ``--attentions``).
+- ``after_training``, the SDPA-trained model with each other attention of the list, or of ``--compare``
+  (``trained_with``: ``"sdpa"``): the same evaluation fields (empty, with a note, when ``sdpa`` is not among
+  ``--attentions``).
+
+With ``--resume`` a run adds its models to an existing ``--out`` of equal settings (:data:`RESUME_KEYS`, the
+retrieval suite's, the budgets), skipping the attentions the file holds; ``runs`` then lists each run's command,
+date, commit and attentions. A study too long for one sitting runs in parts: ``--attentions sdpa --compare
+window quest ...`` first (the SDPA-trained model and its after-training rows), then ``--resume --attentions
+window quest`` and so on.
 
 :func:`markdown` renders the comparison; :func:`topo_attn.lm.results.load_lm_native` reads the file.
 """
@@ -53,7 +60,7 @@ from .. import cli
 from ..provenance import ROOT, code_version
 from . import train as training
 from .corpus import parse_roots
-from .results import LM_NATIVE_SUITE
+from .results import LM_NATIVE_SUITE, load_lm_native
 from .retrieval import TASKS
 
 PROG = "python -m topo_attn.lm native"
@@ -95,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the retrieval suite's tasks (default: all)")
     parser.add_argument("--suite-distances", type=int, nargs="+", default=None,
                         help="the retrieval suite's distances in bytes (default: 1k, 2k, 4k, ... and context - 128)")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="ATTENTION",
+                        help="the attentions the SDPA-trained model is scored with after training (default: the "
+                             "other attentions of --attentions)")
+    parser.add_argument("--resume", action="store_true",
+                        help="add this run's models to an existing --out of equal settings (the attentions it "
+                             "holds are skipped), so the study can run in parts")
     parser.add_argument("--no-after-training", dest="after_training", action="store_false",
                         help="skip the SDPA-trained model under the other attentions")
     parser.add_argument("--device", default="cuda")
@@ -130,7 +143,10 @@ def check_args(args: argparse.Namespace) -> None:
     if twice:
         raise cli.UsageError(f"argument --attentions: each attention once (one model each), got {twice} twice")
     cli.check_at_least("--budget", args.budget, 0)
-    for attention in args.attentions:
+    bad = [a for a in args.compare or () if a not in training.ATTENTIONS or a == "sdpa"]
+    if bad:
+        raise cli.UsageError(f"argument --compare: each must be one of {list(training.ATTENTIONS[1:])}, got {bad}")
+    for attention in [*args.attentions, *(args.compare or ())]:
         training.check_arguments(args, settings_for(args, attention))
     for option, value in (("--documents", args.documents), ("--probes", args.probes),
                           ("--eval-batch", args.eval_batch)):
@@ -147,6 +163,8 @@ def check_args(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.is_dir() or not out.parent.is_dir():
         raise cli.UsageError(f"argument --out: expected a JSON file in an existing folder, got {args.out}")
+    if args.resume and out.exists():
+        load_lm_native(out)  # a readable file of this suite, else the message names it
     if Path(args.models).exists() and not Path(args.models).is_dir():
         raise cli.UsageError(f"argument --models: {args.models} is a file; expected a folder (created if missing)")
     parse_roots(args.root)
@@ -193,6 +211,37 @@ def training_row(scored: dict, summary: dict, folder: Path) -> dict:
                 train_visited_fraction=summary["visited_fraction"], model=str(folder))
 
 
+RESUME_KEYS = ("block_size", "sinks", "window", "settings", "shape", "documents", "length", "probes", "dtype",
+               "device")
+"""What a resumed file must share with the run that adds to it (``retrieval_suite`` too, less ``unscored``)."""
+
+
+def resumed(result: dict, path: Path) -> dict:
+    """``result`` (a new run's header, no rows yet) continued from the file ``path`` of an earlier run: its rows
+    and after-training rows kept, ``attentions`` and ``budgets`` joined, each run's command and commit in
+    ``runs``. Raises :class:`~topo_attn.cli.UsageError` naming the first setting that differs."""
+    old = load_lm_native(path)
+    for key in RESUME_KEYS:
+        if old.get(key) != result[key]:
+            raise cli.UsageError(f"argument --resume: {path} was run with {key} = {old.get(key)!r}, this run has "
+                                 f"{result[key]!r}; resume only with equal settings")
+    suite = {k: v for k, v in result["retrieval_suite"].items() if k != "unscored"}
+    if {k: v for k, v in old["retrieval_suite"].items() if k != "unscored"} != suite:
+        raise cli.UsageError(f"argument --resume: {path} was run with other retrieval-suite settings "
+                             f"({old['retrieval_suite']}); resume only with equal settings")
+    clash = [a for a in result["budgets"] if a in old["budgets"] and old["budgets"][a] != result["budgets"][a]]
+    if clash:
+        raise cli.UsageError(f"argument --resume: {path} has other budgets for {clash}; resume only with equal "
+                             f"settings")
+    run_of = lambda d: {k: d[k] for k in ("command", "date", "commit", "dirty", "attentions")}  # noqa: E731
+    return dict(result, rows=old["rows"], after_training=old["after_training"], notes=old["notes"],
+                attentions=list(dict.fromkeys(old["attentions"] + result["attentions"])),
+                budgets={**old["budgets"], **result["budgets"]},
+                retrieval_suite=dict(old["retrieval_suite"], unscored=list(dict.fromkeys(
+                    old["retrieval_suite"]["unscored"] + result["retrieval_suite"]["unscored"]))),
+                runs=old.get("runs", [run_of(old)]) + [run_of(result)])
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """Everything of the module docstring for parsed (and checked, :func:`check_args`) ``args``; the results as
     a dict, also written to ``--out`` after every model."""
@@ -206,7 +255,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     from .retrieval_runner import build_probes, suite_granularity
 
     evaluation = _evaluation_args(args)
-    budgets = {a: training.attention_budget(settings_for(args, a)) for a in args.attentions}
+    compare = [a for a in args.attentions if a != "sdpa"] if args.compare is None else list(args.compare)
+    budgets = {a: training.attention_budget(settings_for(args, a)) for a in dict.fromkeys(args.attentions + compare)}
     suite_distances = list(args.suite_distances or training.probe_distances(args.context))
     base = training.settings_from_args(args, attention="sdpa", budget=None)  # recorded less these two fields
     result = dict(
@@ -219,12 +269,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         shape=asdict(shape), documents=args.documents, length=args.context, probes=args.probes,
         retrieval_suite=dict(probes_per_cell=args.suite_probes, tasks=list(args.suite_tasks),
                              distances=suite_distances, formats="held_out",
-                             unscored=[a for a in args.attentions if suite_granularity(a) is None]),
+                             unscored=[a for a in budgets if suite_granularity(a) is None]),
         dtype=str(dtype).removeprefix("torch."), device=device, rows=[], after_training=[], notes=[])
-    if args.after_training and "sdpa" not in args.attentions:
+    if args.resume and Path(args.out).exists():
+        result = resumed(result, Path(args.out))
+    elif args.after_training and "sdpa" not in args.attentions:
         result["notes"].append(NO_SDPA)
+    done = {r["attention"] for r in result["rows"]}
     started = time.perf_counter()
-    for attention in args.attentions:
+    for attention in [a for a in args.attentions if a not in done]:
         folder = models / attention
         summary = training.train(folder, settings_for(args, attention), shape, device=device, roots=roots,
                                  progress=args.progress, max_shard_size=args.max_shard_size)
@@ -238,7 +291,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         suite = suite_fields(model, probes, attention, budgets[attention], args)
         result["rows"].append(dict(training_row(_scored(perplexity[0], retrieval), summary, folder), **suite))
         if attention == "sdpa" and args.after_training:
-            configs = [(a, budgets[a]) for a in args.attentions if a != "sdpa"]
+            configs = [(a, budgets[a]) for a in compare]
             perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress, configs=configs)
             scored = [dict(_scored(p, retrieval), trained_with="sdpa",
                            **suite_fields(model, probes, p["attention"], p["budget"], args)) for p in perplexity]
@@ -248,6 +301,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
             torch.cuda.empty_cache()
         result["seconds"] = time.perf_counter() - started
         Path(args.out).write_text(json.dumps(result, indent=1))
+    if any(r["attention"] == "sdpa" for r in result["rows"]):  # an earlier part's note no longer holds
+        result["notes"] = [n for n in result["notes"] if n != NO_SDPA]
     result["complete"] = True
     Path(args.out).write_text(json.dumps(result, indent=1))
     return result

@@ -70,6 +70,11 @@ SUITES: dict[str, list[Case]] = {
 }
 """Suite name -> its cases, in the order they run."""
 
+# one attention layer of the model suite's shape, its host time split into pieces (topo_attn.bench.host): the
+# budget is the model suite's 2048 tokens (32 blocks)
+SUITES["host"] = [Case(f"Llama-1B-shape layer B1 S{S // 1024}k b64", 1, 32, 8, S, 64, 64, "bfloat16", topk=32)
+                  for S in (8192, 32768)]
+
 # one layer's decode step over a static cache: each selector's update and table next to the decode it serves
 # (topo_attn.bench.step), the generate suite's cases
 SUITES["step"] = list(SUITES["generate"])

@@ -1,11 +1,12 @@
-"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode|generate|step``.
+"""Benchmark runner: ``python -m topo_attn.bench --suite pr|llm|build|train|select|model|decode|generate|step|host``.
 
 Runs the cases of one suite (:data:`~topo_attn.bench.cases.SUITES`) on a CUDA GPU, one module per suite:
 ``kernel`` (``pr``, ``llm``), ``build``, ``train``, ``select``, ``model``, ``decode`` (one query token
 against a 32k / 128k key/value cache, the kit's decode path against SDPA and FlexAttention, with the HBM
 bandwidth reached and the suite's goals), ``generate`` (time per token of greedy ``generate()`` with a static
 cache and the compiled step, against transformers' own recipe), ``step`` (one layer's decode step over a static
-cache: each selector's one-launch update and table, as CUDA-graph replays, next to the decode it serves), with a
+cache: each selector's one-launch update and table, as CUDA-graph replays, next to the decode it serves), ``host``
+(one layer's host time split into selection, kernel and the backend's own work, next to SDPA's), with a
 progress bar on stderr naming the case that runs when stderr is a terminal (``--progress`` / ``--no-progress``
 force it on or off; ``--no-flex`` leaves FlexAttention out of ``llm``, ``train``, ``model`` and ``decode``).
 Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch and triton versions, the exact
@@ -34,6 +35,7 @@ from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
 from .decode import decode_markdown, peak_tbps_for, quest_step, run_decode_case
 from .generate import generate_markdown, run_generate_case
+from .host import host_markdown, run_host_case
 from .kernel import kernel_markdown, run_kernel_case
 from .model import model_markdown, run_model_case
 from .results import RESULTS_DIR
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                 after_row=lambda part: write(finished + part, cases_done, case.name))
         elif args.suite == "step":
             found = run_step_case(case, graph_median_ms)
+        elif args.suite == "host":
+            found = run_host_case(case)
         elif args.suite == "decode":
             timer = graph_median_ms if args.timer == "graph" else median_ms
             found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return found
 
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
-              "decode": decode_markdown, "generate": generate_markdown, "step": step_markdown}
+              "decode": decode_markdown, "generate": generate_markdown, "step": step_markdown, "host": host_markdown}
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()

@@ -1,0 +1,115 @@
+"""The ``host`` suite of the benchmark runner: where the host time of one attention layer goes
+(``python -m topo_attn.bench --suite host``).
+
+Issue 39 asks for at most 60 µs of host time per layer on the sparse path. The model suite measures the whole
+layer (``host_us_per_layer``); this suite splits it. On one layer of the model suite's shape (B1, 32 query and
+8 key/value heads of 64, bf16, in transformers' ``[B, S, H, D]`` memory viewed as ``[B, H, S, D]``), each
+piece is timed alone with the GPU idle before every call (:func:`idle_host_us`: the wall time from the call to
+its return, so the launches' host work and nothing of the GPU's), next to SDPA's:
+
+- ``sdpa``: ``F.scaled_dot_product_attention`` with GQA, the yardstick;
+- ``kernel dense``: :func:`topo_attn.scheduled_attention` on the dense schedule a dense layer runs
+  (:func:`~topo_attn.integrations.transformers.dense_block_size` tokens per block);
+- ``kernel sparse``: the same on ``centroid``'s per-key/value-head schedule at the case's budget;
+- ``select <name>``: :func:`topo_attn.selection.select` for each sync-free selector;
+- ``backend <name>``: the transformers backend's whole attention call for a layer (``dense`` and each sync-free
+  selector), as a model calls it (transformers' ``ALL_ATTENTION_FUNCTIONS``): selection, kernel, statistics
+  and the output's ``[B, S, H, D]`` copy (needs transformers);
+- ``output copy``: that copy alone (``transpose(1, 2).contiguous()``).
+
+Each row: ``case``, ``piece``, ``selector`` (None for the others), ``budget`` (blocks, for the selections),
+``host_us`` (median) and ``sdpa_us`` (the case's ``sdpa`` row), ``vs_sdpa``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import types
+from collections.abc import Callable
+
+import torch
+
+from .table import markdown_header
+
+HOST_COLUMNS = ["case", "piece", "budget", "host us", "/ sdpa"]
+
+
+def idle_host_us(fn: Callable[[], object], calls: int = 50, warmup: int = 5) -> float:
+    """Median host time of one call of ``fn()`` in microseconds, the device drained before each call (so the
+    call never waits for a full launch queue): the Python and launch work a layer's kernels wait for when the
+    GPU is ahead of the host. On a CPU it is simply the call's time."""
+    def drain() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        drain()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    drain()
+    return statistics.median(times)
+
+
+def run_host_case(case, host_timer: Callable[[Callable[[], object]], float] = idle_host_us,
+                  device: str = "cuda") -> list[dict]:
+    """The rows of the module docstring for ``case`` (a :class:`~topo_attn.bench.cases.Case`: batch, heads,
+    key/value heads, length, head dim, block size, dtype, sinks and window; the budget is ``case.topk`` or n/8)
+    on ``device``; ``host_timer(fn)`` times a call in microseconds."""
+    import torch.nn.functional as F
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import topo_attn as ta
+    from topo_attn.integrations import transformers as tat
+    from topo_attn.selection import names, select
+
+    dtype = getattr(torch, case.dtype)
+    gen = torch.Generator().manual_seed(0)
+
+    def layout(heads: int) -> torch.Tensor:  # transformers' [B, S, H, D] memory, viewed as [B, H, S, D]
+        return torch.randn(case.batch, case.seq_len, heads, case.head_dim, generator=gen).to(device, dtype) \
+            .transpose(1, 2)
+
+    q, k, v = layout(case.heads), layout(case.kv_heads), layout(case.kv_heads)
+    bs, n = case.block_size, -(-case.seq_len // case.block_size)
+    budget = case.topk if case.topk is not None else max(1, n // 8)
+    scale = case.head_dim ** -0.5
+    selectors = names("block", sync_free=True)
+    module = types.SimpleNamespace(layer_idx=0, is_causal=True)
+    dense_schedule = ta.dense_causal_schedule(case.seq_len, max(bs, tat.DENSE_BLOCK_SIZE), device)
+    sparse_schedule = select("centroid", q, k, bs, case.sinks, case.window, budget)
+    pieces: list[tuple[str, str | None, int | None, Callable[[], object]]] = [
+        ("sdpa", None, None, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)),
+        ("kernel dense", None, None, lambda: ta.scheduled_attention(q, k, v, dense_schedule, scale=scale)),
+        ("kernel sparse", "centroid", budget, lambda: ta.scheduled_attention(q, k, v, sparse_schedule, scale=scale)),
+        ("output copy", None, None, lambda: q.transpose(1, 2).contiguous()),
+    ]
+    for name in selectors:
+        pieces.append((f"select {name}", name, budget,
+                       (lambda s: lambda: select(s, q, k, bs, case.sinks, case.window, budget))(name)))
+    for name in ("dense", *selectors):
+        backend = tat.register(selector=name, block_size=bs, sinks=case.sinks, window=case.window, budget=budget,
+                               name=f"topo_attn_host_{name}")
+        pieces.append((f"backend {name}", None if name == "dense" else name, None if name == "dense" else budget,
+                       (lambda f: lambda: f(module, q, k, v, None, scaling=scale))(ALL_ATTENTION_FUNCTIONS[backend])))
+    with torch.no_grad():
+        timed = [(piece, selector, blocks, host_timer(fn)) for piece, selector, blocks, fn in pieces]
+    sdpa_us = timed[0][3]
+    return [dict(case=case.name, suite="host", piece=piece, selector=selector, budget=blocks, host_us=us,
+                 sdpa_us=sdpa_us, vs_sdpa=us / sdpa_us, seq_len=case.seq_len, batch=case.batch, heads=case.heads,
+                 kv_heads=case.kv_heads, head_dim=case.head_dim, block_size=bs, dtype=case.dtype)
+            for piece, selector, blocks, us in timed]
+
+
+def host_markdown(rows: list[dict]) -> str:
+    """The markdown table of ``rows`` (from :func:`run_host_case`)."""
+    lines = markdown_header(HOST_COLUMNS)
+    for r in rows:
+        budget = "" if r["budget"] is None else str(r["budget"])
+        lines.append(f"| {r['case']} | {r['piece']} | {budget} | {r['host_us']:.1f} | {r['vs_sdpa']:.1f}x |")
+    return "\n".join(lines)

@@ -60,7 +60,7 @@ def test_host_case_times_each_piece_of_a_layer(device):
 
 
 def test_idle_host_us_times_single_calls():
-    from topo_attn.bench.host import idle_host_us
+    from topo_attn.bench.timing import idle_host_us
 
     calls = []
     us = idle_host_us(lambda: calls.append(F.relu(torch.ones(4))), calls=7, warmup=2)

@@ -34,7 +34,7 @@ def run_build_case(case, median_ms) -> dict:
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=getattr(torch, case.dtype), generator=gen)
                for _ in range(3))
     nb = ta.num_blocks(S, bs)
-    topk = case.topk if case.topk is not None else max(1, nb // 8)
+    topk = case.rule_topk
     rule = (bs, case.window, case.sinks, topk)
 
     def build(keys, dtype=torch.float64, **kwargs):

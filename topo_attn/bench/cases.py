@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..schedule import num_blocks
+
 
 @dataclass(frozen=True)
 class Case:
@@ -25,6 +27,11 @@ class Case:
     window: int = 1
     sinks: int = 1
     topk: int | None = None
+
+    @property
+    def rule_topk(self) -> int:
+        """The case's ``topk``, or #22's choice when it is None: ``num_blocks // 8``, at least 1."""
+        return self.topk if self.topk is not None else max(1, num_blocks(self.seq_len, self.block_size) // 8)
 
 
 def llm_case(S: int, block: int, B: int = 1, H: int = 32, H_kv: int = 32, D: int = 128) -> Case:

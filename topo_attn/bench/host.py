@@ -4,8 +4,8 @@
 Issue 39 asks for at most 60 µs of host time per layer on the sparse path. The model suite measures the whole
 layer (``host_us_per_layer``); this suite splits it. On one layer of the model suite's shape (B1, 32 query and
 8 key/value heads of 64, bf16, in transformers' ``[B, S, H, D]`` memory viewed as ``[B, H, S, D]``), each
-piece is timed alone with the GPU idle before every call (:func:`idle_host_us`: the wall time from the call to
-its return, so the launches' host work and nothing of the GPU's), next to SDPA's:
+piece is timed alone with the GPU idle before every call (:func:`~topo_attn.bench.timing.idle_host_us`: the
+wall time from the call to its return, so the launches' host work and nothing of the GPU's), next to SDPA's:
 
 - ``sdpa``: ``F.scaled_dot_product_attention`` with GQA, the yardstick;
 - ``kernel dense``: :func:`topo_attn.scheduled_attention` on the dense schedule a dense layer runs
@@ -23,42 +23,21 @@ Each row: ``case``, ``piece``, ``selector`` (None for the others), ``budget`` (b
 
 from __future__ import annotations
 
-import statistics
-import time
 import types
 from collections.abc import Callable
 
 import torch
 
 from .table import markdown_header
+from .timing import idle_host_us
 
 HOST_COLUMNS = ["case", "piece", "budget", "host us", "/ sdpa"]
-
-
-def idle_host_us(fn: Callable[[], object], calls: int = 50, warmup: int = 5) -> float:
-    """Median host time of one call of ``fn()`` in microseconds, the device drained before each call (so the
-    call never waits for a full launch queue): the Python and launch work a layer's kernels wait for when the
-    GPU is ahead of the host. On a CPU it is simply the call's time."""
-    def drain() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        drain()
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    drain()
-    return statistics.median(times)
 
 
 def run_host_case(case, host_timer: Callable[[Callable[[], object]], float] = idle_host_us,
                   device: str = "cuda") -> list[dict]:
     """The rows of the module docstring for ``case`` (a :class:`~topo_attn.bench.cases.Case`: batch, heads,
-    key/value heads, length, head dim, block size, dtype, sinks and window; the budget is ``case.topk`` or n/8)
+    key/value heads, length, head dim, block size, dtype, sinks and window; the budget is ``case.rule_topk``)
     on ``device``; ``host_timer(fn)`` times a call in microseconds."""
     import torch.nn.functional as F
 
@@ -76,8 +55,7 @@ def run_host_case(case, host_timer: Callable[[Callable[[], object]], float] = id
             .transpose(1, 2)
 
     q, k, v = layout(case.heads), layout(case.kv_heads), layout(case.kv_heads)
-    bs, n = case.block_size, -(-case.seq_len // case.block_size)
-    budget = case.topk if case.topk is not None else max(1, n // 8)
+    bs, budget = case.block_size, case.rule_topk
     scale = case.head_dim ** -0.5
     selectors = names("block", sync_free=True)
     module = types.SimpleNamespace(layer_idx=0, is_causal=True)

@@ -52,8 +52,7 @@ def run_kernel_case(case: Case, suite: str, median_ms: Callable, with_flex: bool
     q = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen)
     k = torch.randn(B, H_kv, S, D, device="cuda", dtype=dtype, generator=gen)
     v = torch.randn(B, H_kv, S, D, device="cuda", dtype=dtype, generator=gen)
-    nb = ta.num_blocks(S, bs)
-    topk = case.topk if case.topk is not None else max(1, nb // 8)
+    topk = case.rule_topk
 
     def build():
         return ta.topology_schedule(k, bs, case.window, case.sinks, topk, shared_lane=(0, 0))

@@ -55,7 +55,7 @@ def run_train_case(case, median_ms, with_flex: bool = True) -> dict:
     v = torch.randn(B, H_kv, S, D, device="cuda", dtype=dtype, generator=gen).requires_grad_()
     d_out = torch.randn(B, H, S, D, device="cuda", dtype=dtype, generator=gen)
     nb = ta.num_blocks(S, bs)
-    topk = case.topk if case.topk is not None else max(1, nb // 8)
+    topk = case.rule_topk
     schedule = ta.topology_schedule(k.detach(), bs, case.window, case.sinks, topk, shared_lane=(0, 0))
     gqa = H_kv != H
 

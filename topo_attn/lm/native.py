@@ -233,7 +233,9 @@ def resumed(result: dict, path: Path) -> dict:
     if clash:
         raise cli.UsageError(f"argument --resume: {path} has other budgets for {clash}; resume only with equal "
                              f"settings")
-    run_of = lambda d: {k: d[k] for k in ("command", "date", "commit", "dirty", "attentions")}  # noqa: E731
+    def run_of(data: dict) -> dict:
+        return {k: data[k] for k in ("command", "date", "commit", "dirty", "attentions")}
+
     return dict(result, rows=old["rows"], after_training=old["after_training"], notes=old["notes"],
                 attentions=list(dict.fromkeys(old["attentions"] + result["attentions"])),
                 budgets={**old["budgets"], **result["budgets"]},
@@ -248,16 +250,16 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     import torch
 
     from . import study
+    from .retrieval_runner import build_probes, suite_granularity
 
     device = args.device
     dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
     shape, roots, models = training.shape_from_args(args), parse_roots(args.root), Path(args.models)
-    from .retrieval_runner import build_probes, suite_granularity
-
     evaluation = _evaluation_args(args)
     compare = [a for a in args.attentions if a != "sdpa"] if args.compare is None else list(args.compare)
     budgets = {a: training.attention_budget(settings_for(args, a)) for a in dict.fromkeys(args.attentions + compare)}
     suite_distances = list(args.suite_distances or training.probe_distances(args.context))
+    decoy_budget = max([b for b in budgets.values() if b] or [0])  # single_needle's decoys outnumber every budget
     base = training.settings_from_args(args, attention="sdpa", budget=None)  # recorded less these two fields
     result = dict(
         suite=LM_NATIVE_SUITE, gpu=torch.cuda.get_device_name(device) if torch.device(device).type == "cuda"
@@ -284,8 +286,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         model = study.load_model(folder, device, dtype)
         docs = study.load_documents(folder / "eval_set.npz", args.documents)
         probes = build_probes(docs, list(args.suite_tasks), suite_distances, args.suite_probes, args.probe_seed,
-                              max([b for b in budgets.values() if b] or [0]), args.block_size,
-                              option="--suite-distances") if args.suite_probes else []
+                              decoy_budget, args.block_size, option="--suite-distances") if args.suite_probes else []
         perplexity, retrieval = study.quality_rows(model, docs, evaluation, args.progress,
                                                    configs=[(attention, budgets[attention])])
         suite = suite_fields(model, probes, attention, budgets[attention], args)

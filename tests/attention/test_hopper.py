@@ -121,13 +121,16 @@ def test_dense_schedule_and_custom_scale():
 
 
 def test_strided_inputs():
-    """A ``[B, S, H, D]`` layout viewed as ``[B, H, S, D]``: TMA addresses it without a copy."""
+    """A ``[B, S, H, D]`` layout viewed as ``[B, H, S, D]``: TMA addresses it without a copy, and the output
+    comes back in the same layout (a model's ``[B, S, H, D]`` output needs no transposing copy)."""
     gen = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(2, 300, 4, 64, generator=gen).to(DEVICE, torch.float16).transpose(1, 2)
                for _ in range(3))
     schedule = ta.topology_schedule(k.float(), 64, window=1, sinks=1, topk=1)
     _skip_unless_supported(q, k, v, schedule)
     _check_against_references(q, k, v, schedule)
+    out, _ = hopper.hopper_forward(q, k, v, schedule, 0.125, False)
+    assert out.stride() == q.stride() and out.transpose(1, 2).is_contiguous()
 
 
 @pytest.mark.cuda

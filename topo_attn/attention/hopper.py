@@ -387,14 +387,15 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
         return_lse: also return the log-sum-exp.
         config: overrides :func:`tile_config` (same keys, same ``BLOCK_M``; for tuning and tests).
 
-    Returns ``(out, lse)``: ``out [B, H, L, D]`` contiguous in q's dtype and ``lse [B, H, L]`` float32 natural
+    Returns ``(out, lse)``: ``out [B, H, L, D]`` in q's dtype, laid out like ``torch.empty_like(q)`` (a model's
+    ``[B, L, H, D]`` memory stays so: its output then needs no transposing copy), and ``lse [B, H, L]`` float32 natural
     log, or ``None`` without ``return_lse``."""
     batch, heads, q_len, head_dim = q.shape
     seq_len = k.shape[2]
     config = config or tile_config(schedule.block_size, head_dim)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
     q_rows = block_m // config["CONSUMERS"]
-    out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)  # q's strides: TMA-addressable, as hopper_unsupported_reason checked for q
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     grid = (-(-q_len // block_m), batch * heads)

@@ -1,9 +1,10 @@
-"""``python -m topo_attn.lm train|native|evaluate|research|passkey|corpus|retrieval|eviction``: train the kit's
+"""``python -m topo_attn.lm train|native|evaluate|research|passkey|corpus|retrieval|eviction|greedy``: train the kit's
 byte-level language model (with SDPA or, ``--attention``, the kit's sparse attention from the first step), train one
 model per attention and compare them (native sparse training), evaluate a causal LM with every selector, try the
 topology-aware research selectors, answer the passkey probe by generation through the decode path, build the
-evaluation set and check a machine's files against a corpus manifest, score the RULER-style retrieval suite, or
-measure KV-cache eviction policies (see :mod:`topo_attn.lm`)."""
+evaluation set and check a machine's files against a corpus manifest, score the RULER-style retrieval suite,
+measure KV-cache eviction policies, or check the kit's dense decode's greedy tokens against SDPA's (see
+:mod:`topo_attn.lm`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from .corpus import parse_roots
 
 PROG = "python -m topo_attn.lm"
 SUBCOMMANDS = {"native": "native", "evaluate": "study", "research": "research", "passkey": "generation",
-               "corpus": "corpus", "retrieval": "retrieval_runner", "eviction": "eviction_runner"}
+               "corpus": "corpus", "retrieval": "retrieval_runner", "eviction": "eviction_runner",
+               "greedy": "greedy"}
 """The subcommands whose modules (of :mod:`topo_attn.lm`) parse their own command line (``build_parser``,
 ``main``)."""
 
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
              "corpus": "build the evaluation set (--out) or check this machine's files against a manifest (--check)",
              "retrieval": "the RULER-style retrieval suite per task and distance, with 95%% intervals, without "
                           "look-ahead",
+             "greedy": "where the kit's dense decode's greedy tokens first differ from SDPA's recipe",
              "eviction": "KV-cache eviction policies at a fixed budget of blocks: perplexity of the continuation, "
                          "retrieval and memory"}
     for name in SUBCOMMANDS:

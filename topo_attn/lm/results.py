@@ -17,6 +17,8 @@ The commands of :mod:`topo_attn.lm` write JSON results (to ``--out``; the commit
 - ``python -m topo_attn.lm retrieval``: suite :data:`LM_RETRIEVAL_SUITE`, ``rows`` of the retrieval suite per
   task, distance, attention and budget with intervals (:func:`load_lm_retrieval`;
   :func:`topo_attn.lm.retrieval_runner.markdown` renders it);
+- ``python -m topo_attn.lm greedy``: suite :data:`LM_GREEDY_SUITE`, ``rows`` of where the kit's dense decode's
+  greedy tokens first differ from SDPA's recipe (:func:`topo_attn.lm.greedy.markdown` renders it);
 - ``python -m topo_attn.lm eviction``: suite :data:`LM_EVICTION_SUITE`, ``rows`` of KV-cache eviction per policy
   and cache fraction, with retrieval per task (:func:`load_lm_eviction`;
   :func:`topo_attn.lm.eviction_runner.markdown` renders it).
@@ -39,6 +41,8 @@ LM_RESEARCH_SUITE = "lm_research"
 """The research step's suite (``python -m topo_attn.lm research``): ``rows`` of recall per selector and budget."""
 LM_PASSKEY_SUITE = "lm_passkey_generate"
 """The suite of the passkey probe answered by generation (``python -m topo_attn.lm passkey``)."""
+LM_GREEDY_SUITE = "lm_greedy"
+"""The suite of greedy-token agreement of the kit's dense decode with SDPA's (``python -m topo_attn.lm greedy``)."""
 LM_NATIVE_SUITE = "lm_native"
 """The suite of native sparse training (``python -m topo_attn.lm native``): ``rows`` per trained model and
 ``after_training`` rows."""

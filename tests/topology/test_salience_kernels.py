@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import topo_attn as ta
 from topo_attn.topology.gpu import MAX_BLOCKS
-from topo_attn.topology.gpu.salience import salience_kernels
+from topo_attn.topology.gpu.salience import choose_mst, salience_kernels
 
 
 def _cpu_salience(centroids: torch.Tensor) -> torch.Tensor:
@@ -77,6 +77,15 @@ def _interpreted() -> bool:
     from topo_attn.attention.forward import INTERPRETED
 
     return INTERPRETED
+
+
+def test_choose_mst_by_blocks_and_stored_bytes():
+    """Prim up to 32 blocks; Boruvka above, up to 256 MiB of stored distances: the 128k prefill's 8 lanes of 2048
+    float32 blocks (64 MiB) and 32 such lanes (256 MiB) take Boruvka, 32 lanes of 2048 float64 blocks (1 GiB) Prim
+    (topology/NOTES.md has the timings)."""
+    assert choose_mst(8, 32, torch.float32) == "prim" and choose_mst(1, 33, torch.float32) == "boruvka"
+    assert choose_mst(8, 2048, torch.float32) == "boruvka" and choose_mst(32, 2048, torch.float32) == "boruvka"
+    assert choose_mst(32, 2048, torch.float64) == "prim" and choose_mst(33, 2048, torch.float32) == "prim"
 
 
 def test_single_block_gets_one(device):

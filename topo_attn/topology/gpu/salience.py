@@ -39,9 +39,12 @@ PRIM_MAX_BLOCKS = 32
 """Most blocks for which Prim over all pairs is used; above, Boruvka and Prim over the tree (Boruvka was as fast
 from 64 blocks and faster from 128 on the H200)."""
 
-BORUVKA_MAX_BYTES = 48 * 2**20
+BORUVKA_MAX_BYTES = 256 * 2**20
 """Most bytes of stored distances (the upper triangle, all lanes) for Boruvka; above, Prim over all pairs is
-used: each Boruvka round reads all of them, which pays while they stay in the H200's 50 MB L2."""
+used: each Boruvka round rereads all of them from HBM once they outgrow the L2. Boruvka was still the faster
+at 32 lanes of 2048 float32 blocks (256 MiB: 2.16 ms, against 2.7-4.1 ms for Prim's one program per lane over
+2048 blocks) and the slower at 32 lanes of 2048 float64 blocks (1 GiB: 10.2 against 7.37 ms); see
+topology/NOTES.md, "Numbers that were in the code"."""
 
 MSTS = ("prim", "boruvka")
 """The tree searches that :func:`salience_kernels` takes: Prim over all pairs, Boruvka rounds."""

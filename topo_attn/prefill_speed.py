@@ -116,7 +116,8 @@ def _backends(block_size: int, sinks: int, window: int, budgets: list[int],
 def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch: int = 1, sinks: int = 1,
                        window: int = 1, topk: int | None = None, median_ms: Callable = calls_median_ms,
                        with_flex: bool = True, after_row: Callable[[list[dict]], None] | None = None,
-                       selectors: tuple[str, ...] | None = None) -> list[dict]:
+                       selectors: tuple[str, ...] | None = None,
+                       compile: Callable[[Callable], Callable] | None = None) -> list[dict]:
     """Rows (module docstring) of ``model`` (a transformers causal LM, in eval mode, on its device; left on
     ``sdpa``) prefilling ``batch`` sequences of ``seq_len`` random tokens (seeded by ``seq_len``), named ``name``
     in the rows' ``case``. The kit's backend uses blocks of ``block_size``, ``sinks`` and ``window``, and each
@@ -126,7 +127,13 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     per-layer timings are measured on a GPU only (NaN elsewhere). ``after_row(rows)`` is called with the rows
     done so far (ratios included) after each attention, so a caller can keep them if the run is cut short.
     ``selectors``: only the rows of these selectors (``"dense"`` for the kit's dense row) next to the floor,
-    sdpa and FlexAttention (None: every selector)."""
+    sdpa and FlexAttention (None: every selector). ``compile``: a function that compiles ``model.forward``
+    (e.g. ``partial(torch.compile, mode="reduce-overhead")``); then every row is timed on the compiled forward
+    (dynamo reset before each row; called with a ``DynamicCache``, ``use_cache=True``, since without a cache
+    transformers hands a traced forward a packed-sequence mask), its logits and visited fraction still come
+    from one eager forward, the syncs and per-layer timings are not measured, FlexAttention is left out, and
+    the selectors whose schedules wait for the host get a skipped row (``compiled`` in the row names the
+    compiled forward)."""
     import transformers
 
     from . import selection
@@ -139,7 +146,7 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     nb = num_blocks(seq_len, block_size)
     budgets = [topk] if topk is not None else sorted({max(1, nb // 8), FIXED_BUDGET})
     backends = _backends(block_size, sinks, window, budgets, selectors)
-    if with_flex:  # last: its compilation is the slowest step, and a stall there leaves the other rows done
+    if with_flex and compile is None:  # last: its compilation is the slowest, and a stall leaves the rest done
         backends.append(("flex_attention", "flex_attention", None, None))
     on_gpu = torch.device(device).type == "cuda"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -147,6 +154,12 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     def forward():
         with torch.no_grad():
             return model(ids, logits_to_keep=1, use_cache=False).logits
+
+    def compiled_forward(compiled: Callable) -> Callable[[], torch.Tensor]:
+        def run():
+            with torch.no_grad():
+                return compiled(ids, logits_to_keep=1, use_cache=True).logits
+        return run
 
     rows, reference = [], None
     for label, implementation, selector, budget in backends:
@@ -156,11 +169,15 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
                    dtype=str(model.dtype).removeprefix("torch."), layers=config.num_hidden_layers,
                    hidden=config.hidden_size, transformers=transformers.__version__, ms=float("nan"),
                    visited_fraction=float("nan"), max_logit_diff=float("nan"), syncs=float("nan"),
-                   schedule_share=float("nan"), host_us_per_layer=float("nan"), skipped=None)
+                   schedule_share=float("nan"), host_us_per_layer=float("nan"), skipped=None,
+                   compiled=compile is not None)
         rows.append(row)
         if (selector in selection.SELECTORS and selection.SELECTORS[selector].host_scores
                 and seq_len > SLOW_SELECTORS_UP_TO):
             row["skipped"] = f"its scores wait for the host; run up to {SLOW_SELECTORS_UP_TO} tokens"
+            continue
+        if compile is not None and selector in selection.SELECTORS and not selection.SELECTORS[selector].sync_free:
+            row["skipped"] = "its schedule waits for the host, so a compiled forward breaks at each layer"
             continue
         started = time.perf_counter()
         try:
@@ -170,13 +187,17 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
                 reference = logits
             if reference is not None:
                 row["max_logit_diff"] = (logits - reference).abs().max().item()
-            row["ms"] = median_ms(forward)
-            if selector is not None:
+            if selector is not None:  # from the eager forward: compiled calls record no statistics
                 stats = tat.last_stats(implementation).values()
                 row["visited_fraction"] = sum(s.visited_fraction for s in stats) / len(stats)
-            if on_gpu:
+            if compile is not None:
+                torch._dynamo.reset()  # each row compiles its own forward
+                row["ms"] = median_ms(compiled_forward(compile(model.forward)))
+            else:
+                row["ms"] = median_ms(forward)
+            if on_gpu and compile is None:
                 row["syncs"] = host_syncs(forward)
-            if on_gpu and selector is not None:
+            if on_gpu and selector is not None and compile is None:
                 tat.record_timings(implementation)
                 forward()
                 timed = tat.timings(implementation)

@@ -83,6 +83,40 @@ def test_model_case_with_some_selectors_keeps_the_floor_and_sdpa(device):
     assert [r["attention"] for r in rows] == [FLOOR, "sdpa", "topo_attn dense", "topo_attn window"]
 
 
+def test_model_case_compiled_times_the_compiled_forward(device):
+    """With ``compile``, every timed row runs the compiled forward (with a cache), FlexAttention is left out, a
+    selector whose schedule waits for the host gets a skipped row, and the visited fraction and logits still
+    come from the eager forward; the kit's calls go through the prefill op (the forward compiles whole)."""
+    from topo_attn.bench.model import run_model_case
+    from topo_attn.prefill_speed import FLOOR
+
+    compiled_calls = []
+
+    def compile(forward):
+        compiled = torch.compile(forward, backend="eager", fullgraph=True)
+
+        def run(*args, **kwargs):
+            compiled_calls.append(kwargs.get("use_cache"))
+            return compiled(*args, **kwargs)
+        return run
+
+    timed = []
+
+    def timer(fn):
+        timed.append(fn().shape)
+        return (1.0, 3.0, 2.0, 2.5)[len(timed) - 1]  # floor, sdpa, dense, centroid
+
+    case = Case("tiny", 1, 4, 2, 160, 16, 16, "float32", topk=1)
+    rows = run_model_case(case, timer, with_flex=True, device=device, shape=TINY,
+                          selectors=("dense", "centroid", "topology_22"), compile=compile)
+    torch._dynamo.reset()
+    assert [r["attention"] for r in rows] == [FLOOR, "sdpa", "topo_attn dense", "topo_attn topology_22",
+                                              "topo_attn centroid"]
+    assert compiled_calls == [True] * 4 and timed == [(1, 1, 96)] * 4 and all(r["compiled"] for r in rows)
+    assert "waits for the host" in rows[3]["skipped"] and math.isnan(rows[3]["ms"])
+    assert rows[4]["visited_fraction"] < 1.0 and rows[4]["ms"] == 2.5 and rows[2]["max_logit_diff"] < 1e-4
+
+
 def test_slow_selectors_are_left_out_of_long_cases(device, monkeypatch):
     from topo_attn import selection
     from topo_attn import prefill_speed
@@ -112,7 +146,7 @@ def test_runner_runs_the_model_suite_on_a_pretend_gpu(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None, compile=None):
         seen.append((case.name, median_ms, with_flex, selectors))
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
@@ -137,7 +171,7 @@ def test_a_model_run_cut_short_keeps_the_rows_of_its_running_case(monkeypatch, t
 
     cases = SUITES["model"][:2]
 
-    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None, compile=None):
         rows = []
         for attention in ("no attention", "sdpa", "topo_attn dense"):
             rows.append(dict(case=case.name, attention=attention, selector=None, budget=None, ms=2.0,
@@ -165,10 +199,11 @@ def test_runner_passes_the_selectors_to_the_model_suite(monkeypatch, tmp_path):
     from topo_attn.bench import runner
     from topo_attn.cli import UsageError
 
-    seen = []
+    seen, compilers = [], []
 
-    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None):
+    def fake(case, median_ms, with_flex=True, after_row=None, selectors=None, compile=None):
         seen.append(selectors)
+        compilers.append(compile)
         return [dict(case=case.name, attention="sdpa", budget=None, ms=1.0, vs_sdpa=1.0, vs_flex=float("nan"),
                      visited_fraction=float("nan"), max_logit_diff=0.0)]
 
@@ -176,7 +211,12 @@ def test_runner_passes_the_selectors_to_the_model_suite(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "run_model_case", fake)
     assert runner.main(["--suite", "model", "--cases", "S8k", "--selectors", "quest", "dense", "--out",
                         str(tmp_path / "m.json"), "--no-progress"]) == 0
-    assert seen == [("quest", "dense")]
+    assert seen == [("quest", "dense")] and compilers == [None]
+    assert runner.main(["--suite", "model", "--cases", "S8k", "--compile", "reduce-overhead", "--out",
+                        str(tmp_path / "c.json"), "--no-progress"]) == 0
+    assert compilers[1].func is torch.compile and compilers[1].keywords == {"mode": "reduce-overhead"}
+    with pytest.raises(UsageError, match="--compile: applies to the model suite only"):
+        runner.main(["--suite", "generate", "--compile", "default"])
     with pytest.raises(UsageError, match="--selectors: applies to the model and generate suites only"):
         runner.main(["--suite", "llm", "--selectors", "quest"])
     with pytest.raises(SystemExit):  # not a selector of the suite: argparse's choices

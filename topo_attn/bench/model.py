@@ -46,19 +46,21 @@ def build_model(case, device: str = "cuda", shape: dict | None = None):
 
 def run_model_case(case, median_ms: Callable = calls_median_ms, with_flex: bool = True, device: str = "cuda",
                    shape: dict | None = None, after_row: Callable[[list[dict]], None] | None = None,
-                   selectors: tuple[str, ...] | None = None) -> list[dict]:
+                   selectors: tuple[str, ...] | None = None,
+                   compile: Callable[[Callable], Callable] | None = None) -> list[dict]:
     """The rows of :func:`~topo_attn.prefill_speed.prefill_speed_rows` for ``case`` (a
     :class:`~topo_attn.bench.cases.Case`) on ``device`` with the model of :func:`build_model` (``shape`` as
     there): the case's name, length, batch, block size, sinks, window and ``topk`` (``None``: ``n / 8`` and the
     fixed budget). ``median_ms(fn)`` times a call; ``with_flex`` adds FlexAttention's row; ``after_row(rows)``
     sees the rows done so far after each attention; ``selectors`` keeps only those selectors' rows (``"dense"``:
-    the kit's dense row) next to the floor and sdpa."""
+    the kit's dense row) next to the floor and sdpa; ``compile`` times every row on the compiled forward (as
+    there)."""
     started = time.perf_counter()
     model = build_model(case, device, shape)
     print(f"  {case.name}: model built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return prefill_speed_rows(model, case.name, case.seq_len, case.block_size, batch=case.batch, sinks=case.sinks,
                               window=case.window, topk=case.topk, median_ms=median_ms, with_flex=with_flex,
-                              after_row=after_row, selectors=selectors)
+                              after_row=after_row, selectors=selectors, compile=compile)
 
 
 def model_markdown(rows: list[dict]) -> str:

@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -54,6 +55,8 @@ GENERATE_SELECTORS = ("dense",) + tuple(n for n in names("step", static_step=Tru
 fixed-shape decode step (its default rows)."""
 MERGES = ("separate", "kernel")
 """The generate suite's ``--merges``: the kit's decode with two launches, or with the merge in one."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+"""The model suite's ``--compile`` choices: ``torch.compile`` modes (``reduce-overhead`` replays CUDA graphs)."""
 DISPLAY_FLAGS = ("--no-progress", "--progress", "--debug")
 """Flags that change only what is shown while the runner works: left out of the command stored with the results."""
 
@@ -92,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "row) next to the floor and sdpa or the recipe (default: all)")
     parser.add_argument("--merges", nargs="+", default=None, choices=MERGES,
                         help="generate suite: the kit's rows with only these decode merges (default: both)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default=None, dest="compile_mode",
+                        help="model suite: time every row on torch.compile(model.forward, mode=...) (no "
+                             "FlexAttention row; selectors whose schedules wait for the host skipped)")
     parser.add_argument("--note", default=None, help="a note stored with the results (the commit is stored anyway)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON path (default data/benchmarks/<suite>_<gpu>.json)")
@@ -120,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         if other:
             raise cli.UsageError(f"argument --selectors: the generate suite runs {list(GENERATE_SELECTORS)}, got "
                                  f"{other}")
+    if args.compile_mode is not None and args.suite != "model":
+        raise cli.UsageError(f"argument --compile: applies to the model suite only, not to suite {args.suite}")
     if args.merges is not None and args.suite != "generate":
         raise cli.UsageError(f"argument --merges: applies to the generate suite only, not to suite {args.suite}")
     if not torch.cuda.is_available():
@@ -142,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "model":  # a long case keeps its rows so far (the file is rewritten after each)
             found = run_model_case(case, calls_median_ms, with_flex=not args.no_flex,
                                    after_row=lambda part: write(finished + part, cases_done, case.name),
-                                   selectors=None if args.selectors is None else tuple(args.selectors))
+                                   selectors=None if args.selectors is None else tuple(args.selectors),
+                                   compile=None if args.compile_mode is None
+                                   else partial(torch.compile, mode=args.compile_mode))
         elif args.suite == "generate":  # like the model suite, a long case keeps its rows so far
             chosen = args.selectors
             found = run_generate_case(

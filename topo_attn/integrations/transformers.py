@@ -50,8 +50,13 @@ with the layer's length read on the device (:func:`~topo_attn.attention.static_d
 block list from :func:`~topo_attn.selection.static_step.step_block_table`), so transformers' "static cache +
 compiled forward" recipe captures the whole step; the prefill reads the length on the host once per layer.
 
+Compiled prefill: while ``torch.compile`` traces a whole-sequence call without gradients (a dense layer, or a
+selector whose schedule needs no host sync), the call is one custom op, ``torch.ops.topo_attn.backend_prefill``
+(:func:`backend_prefill`), so the model's forward compiles without a graph break and ``mode="reduce-overhead"``
+replays it from CUDA graphs; such calls record no statistics.
+
 Statistics: :func:`last_stats` gives, per layer, the visited fraction of the causal blocks in the layer's last
-call (recorded on every call at no extra cost: the schedule's sizes are known on the host).
+eager call (recorded on every call at no extra cost: the schedule's sizes are known on the host).
 
 transformers is imported inside this module only; ``import topo_attn`` does not import it.
 """
@@ -74,10 +79,10 @@ from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
 
 __all__ = ["BLOCK_STATS_ATTRIBUTE", "DENSE_BLOCK_SIZE", "SELECTOR_NAMES", "STATIC_STATE_ATTRIBUTE",
-           "DenseDecodeWarning", "LayerStats", "LayerTiming", "Settings", "check_attention_call", "check_backend_name",
-           "dense_block_size", "is_static_cache_marker", "last_stats", "plain_causal_mask", "record_timings",
-           "register", "registered", "schedule_for", "static_cache_marker", "step_schedule", "timings",
-           "visited_totals"]
+           "DenseDecodeWarning", "LayerStats", "LayerTiming", "Settings", "backend_prefill", "check_attention_call",
+           "check_backend_name", "compiled_prefill", "dense_block_size", "is_static_cache_marker", "last_stats",
+           "plain_causal_mask", "record_timings", "register", "registered", "schedule_for", "static_cache_marker",
+           "step_schedule", "timings", "visited_totals"]
 
 SELECTOR_NAMES: tuple[str, ...] = ("dense", *SELECTORS)
 """The selectors :func:`register` accepts: ``"dense"`` (every causal block) and every selector of
@@ -399,7 +404,7 @@ def plain_causal_mask(name: str, batch_size: int, q_length: int, kv_length: int,
     from transformers.masking_utils import causal_mask_function
 
     if mask_function is not causal_mask_function:
-        described = getattr(mask_function, "__qualname__", repr(mask_function))
+        described = getattr(mask_function, "__qualname__", None) or repr(mask_function)
         raise ValueError(
             f"attn_implementation {name!r} supports plain causal attention only, but the model asks for another "
             f"mask ({described}): sliding-window or chunked attention, packed sequences (position_ids that "
@@ -455,6 +460,40 @@ def check_attention_call(name: str, module, attention_mask, dropout: float, kwar
         raise ValueError(f"attn_implementation {name!r} supports causal attention only (module.is_causal is False)")
 
 
+@torch.library.custom_op("topo_attn::backend_prefill", mutates_args=())
+def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, name: str, layer_idx: int,
+                    scale: float) -> torch.Tensor:
+    """The custom op ``torch.ops.topo_attn.backend_prefill``: one whole-sequence call (``q_len == kv_len``) of
+    backend ``name`` for layer ``layer_idx`` (``-1``: none), its schedule (:func:`schedule_for`, or the kept
+    dense one) and kernel, as one opaque op, so ``torch.compile`` traces a model's prefill without a graph
+    break and its CUDA graphs replay the whole call (no host time per layer). Returns ``[B, Hq, S, D]`` laid
+    out like ``torch.empty_like(query)``. Records no :func:`last_stats` entry (the statistics live on the
+    host); no gradient. Trusts its inputs (checked by the attention function; only sync-free schedules
+    reach it)."""
+    backend = _REGISTRY[name]
+    settings, layer = backend.settings, (None if layer_idx < 0 else layer_idx)
+    if settings.is_dense(layer):
+        schedule = _dense_schedule(backend, query.shape[-2], query.device, block_size=dense_block_size(settings))
+    else:
+        schedule = schedule_for(settings, layer, query, key, scale)
+    return scheduled_attention(query, key, value, schedule, scale=scale)
+
+
+@backend_prefill.register_fake
+def _backend_prefill_fake(query, key, value, name, layer_idx, scale):
+    return torch.empty_like(query)
+
+
+def compiled_prefill(settings: Settings, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
+                     value: torch.Tensor) -> bool:
+    """Whether a whole-sequence call goes through :func:`backend_prefill`: while ``torch.compile`` traces, without
+    gradients, on a dense layer or a selector whose schedule needs no host sync (``sync_free`` in
+    :data:`topo_attn.selection.SELECTORS`; the others are traced as they run eagerly)."""
+    grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    return (torch.compiler.is_compiling() and not grad
+            and (settings.is_dense(layer_idx) or SELECTORS[settings.selector].sync_free))
+
+
 def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                **kwargs) -> tuple[torch.Tensor, None]:
@@ -471,6 +510,11 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     kv_len = key.shape[-2]
     bs = settings.block_size
     blocks_read = 0
+    if q_len == kv_len and compiled_prefill(settings, layer_idx, query, key, value):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = torch.ops.topo_attn.backend_prefill(query, key, value, name, -1 if layer_idx is None else layer_idx,
+                                                  float(scale))
+        return out.transpose(1, 2).contiguous(), None
     if q_len == kv_len:
         timed = backend.timings is not None and query.is_cuda
         if timed:  # the GPU drains first, so a full launch queue never holds the host inside the timed span

@@ -203,3 +203,20 @@ def write_train_corpus(base) -> list:
     write_corpus(base / "lib", 300)
     write_corpus(base / "site", 400, seed=1, folder="site", folders=1)
     return [("stdlib", (base / "lib").resolve()), ("site-packages", (base / "site").resolve())]
+
+
+def save_tiny_lm(folder, documents: int, length: int, positions: int = 512):
+    """A tiny byte-level Llama (2 layers, hidden 64, 4 query / 2 key-value heads of 16, random weights of
+    initializer range 0.1, seed 0) and ``documents`` held-out documents of ``length`` printable bytes, saved
+    into ``folder`` as ``python -m topo_attn.lm train`` writes them; returns ``folder``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=positions,
+                         initializer_range=0.1, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    rng = np.random.default_rng(0)
+    np.savez(folder / "eval_set.npz",
+             documents=rng.integers(ord("("), ord("~"), (documents, length)).astype(np.uint8))
+    return folder

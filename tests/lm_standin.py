@@ -8,7 +8,7 @@ DISTANCES = (1024, 2048, 8064)
 SPEED_FIELDS = ("case", "suite", "attention", "selector", "budget", "seq_len", "batch", "heads", "kv_heads",
                 "head_dim", "block_size", "dtype", "layers", "hidden", "transformers", "ms", "visited_fraction",
                 "max_logit_diff", "syncs", "schedule_share", "host_us_per_layer", "skipped", "floor_ms", "vs_sdpa",
-                "vs_flex", "attention_share")
+                "vs_flex", "attention_share", "compiled")
 
 
 def lm_result(selectors=("window", "centroid", "quest", "topology_causal"), budgets=(2, 6), layers=2, heads=2,

@@ -42,6 +42,10 @@ FLOOR = "no attention"
 FIXED_BUDGET = 32
 """The fixed budget of extra blocks per query block (2048 tokens with 64-token blocks)."""
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+"""The ``torch.compile`` modes the prefill can be timed under (``--compile`` of the model suite and of
+``python -m topo_attn.lm evaluate``; ``reduce-overhead`` replays CUDA graphs)."""
+
 SLOW_SELECTORS_UP_TO = 8192
 """Selectors whose scores wait for the host (``Selector.host_scores``: the oracle's full attention, the cluster
 selectors' numpy cuts) run up to this many tokens."""

@@ -11,27 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import DEVICE  # in tests/: CUDA with the compiled kernels, else the CPU (interpreter)
+from helpers import DEVICE, save_tiny_lm  # in tests/: CUDA with the compiled kernels, else the CPU
 from topo_attn.lm import generation
 from topo_attn.lm.train import probe_set
 
 transformers = pytest.importorskip("transformers", minversion="5")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A tiny byte-level Llama (2 layers, 4 query / 2 key-value heads of 16) and 4 held-out documents of 300
-    bytes, in one folder as ``python -m topo_attn.lm train`` writes them."""
-    folder = tmp_path_factory.mktemp("tiny_lm")
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         initializer_range=0.1, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    rng = np.random.default_rng(0)
-    np.savez(folder / "eval_set.npz", documents=rng.integers(ord("("), ord("~"), (4, 300)).astype(np.uint8))
-    return folder
+    """A tiny byte-level Llama and 4 held-out documents of 300 bytes (:func:`helpers.save_tiny_lm`)."""
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny_lm"), documents=4, length=300)
 
 
 def _args(model_dir, **overrides):

@@ -218,6 +218,20 @@ def test_main_rejects_an_unknown_selector(capsys):
     assert "invalid choice: 'bogus'" in capsys.readouterr().err
 
 
+def test_compile_reaches_the_speed_rows(monkeypatch):
+    """``--compile MODE`` times the speed rows on ``torch.compile(model.forward, mode=MODE)``."""
+    import argparse
+
+    seen = []
+    monkeypatch.setattr(study, "prefill_speed_rows", lambda *args, **options: seen.append(options["compile"]))
+    args = argparse.Namespace(length=LENGTH, block_size=BLOCK, sinks=1, window=1, flex=False,
+                              compile_mode="reduce-overhead")
+    study.speed_rows(None, args)
+    assert seen[0].func is torch.compile and seen[0].keywords == {"mode": "reduce-overhead"}
+    parsed = study.build_parser().parse_args(["--compile", "default"])
+    assert parsed.compile_mode == "default"
+
+
 def test_speed_rows_time_the_study_model_with_the_shared_prefill_timing(run, monkeypatch):
     """The speed section is topo_attn.prefill_speed's rows (those of the benchmark's model suite) for the study's
     own model: its heads, head dim and dtype, the study's length, block size, sinks and window (a stand-in timer
@@ -232,6 +246,7 @@ def test_speed_rows_time_the_study_model_with_the_shared_prefill_timing(run, mon
 
     def rows(*args, **options):  # the study's call, with a stand-in timer
         assert options["with_flex"] is False and options["sinks"] == 1 and options["window"] == 1
+        assert options["compile"] is None  # no --compile
         return prefill_speed.prefill_speed_rows(*args, **options, median_ms=lambda fn: float(next(times)))
 
     monkeypatch.setattr(study, "prefill_speed_rows", rows)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .. import cli
-from ..prefill_speed import calls_median_ms
+from ..prefill_speed import COMPILE_MODES, calls_median_ms
 from ..provenance import code_version
 from ..selection import names
 from .build import build_markdown, run_build_case
@@ -55,8 +55,6 @@ GENERATE_SELECTORS = ("dense",) + tuple(n for n in names("step", static_step=Tru
 fixed-shape decode step (its default rows)."""
 MERGES = ("separate", "kernel")
 """The generate suite's ``--merges``: the kit's decode with two launches, or with the merge in one."""
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-"""The model suite's ``--compile`` choices: ``torch.compile`` modes (``reduce-overhead`` replays CUDA graphs)."""
 DISPLAY_FLAGS = ("--no-progress", "--progress", "--debug")
 """Flags that change only what is shown while the runner works: left out of the command stored with the results."""
 

@@ -40,6 +40,7 @@ import math
 import sys
 import time
 import zipfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +48,7 @@ import torch
 
 from .. import cli
 from .._checks import SUPPORTED_DTYPES, check_kernel_block_size
-from ..prefill_speed import prefill_speed_rows
+from ..prefill_speed import COMPILE_MODES, prefill_speed_rows
 from ..provenance import ROOT, code_version
 from ..schedule import num_blocks
 from ..selection import full_attention, names, schedule_quality, select
@@ -252,8 +253,10 @@ def speed_rows(model, args) -> list[dict]:
     """The model's prefill at the documents' length with ``sdpa`` and the kit's backend
     (:func:`topo_attn.prefill_speed.prefill_speed_rows`, FlexAttention with ``--flex``); a GPU only."""
     name = f"kit LM S{args.length // 1024}k b{args.block_size}"
+    mode = getattr(args, "compile_mode", None)
     return prefill_speed_rows(model, name, args.length, args.block_size, sinks=args.sinks, window=args.window,
-                              with_flex=args.flex)
+                              with_flex=args.flex,
+                              compile=None if mode is None else partial(torch.compile, mode=mode))
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, documents_help: str) -> None:
@@ -348,6 +351,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-recall", dest="recall", action="store_false")
     parser.add_argument("--no-speed", dest="speed", action="store_false")
     parser.add_argument("--flex", action="store_true", help="time transformers' flex_attention too (slow to compile)")
+    parser.add_argument("--compile", choices=COMPILE_MODES, default=None, dest="compile_mode",
+                        help="time the speed rows on torch.compile(model.forward, mode=...) (no FlexAttention; "
+                             "selectors whose schedules wait for the host skipped)")
 
 
 def check_args(args: argparse.Namespace) -> None:

@@ -42,7 +42,7 @@ from .model import model_markdown, run_model_case
 from .results import RESULTS_DIR
 from .select import run_select_case, select_markdown
 from .step import run_step_case, step_markdown
-from .timing import graph_median_ms, idle_host_us, median_ms
+from .timing import graph_median_ms, median_ms
 from .train import run_train_case, train_markdown
 
 __all__ = ["SUITES", "build_parser", "main", "run_cases"]
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.suite == "step":
             found = run_step_case(case, graph_median_ms)
         elif args.suite == "host":
-            found = run_host_case(case, idle_host_us)
+            found = run_host_case(case)
         elif args.suite == "decode":
             timer = graph_median_ms if args.timer == "graph" else median_ms
             found = run_decode_case(case, timer, with_flex=not args.no_flex, select_step=quest_step(case),

@@ -51,7 +51,8 @@ def lm_result(selectors=("window", "centroid", "quest", "topology_causal"), budg
                                 hidden=512, transformers="5.0", ms=ms, visited_fraction=visited, max_logit_diff=0.0,
                                 syncs=0.0, schedule_share=0.1 if selector else nan, host_us_per_layer=50.0 if selector
                                 else nan, skipped=skipped, floor_ms=10.0, vs_sdpa=ms / 40.0, vs_flex=nan,
-                                attention_share=(ms - 10.0) / 30.0) for label, selector, ms, visited, skipped in rows]
+                                attention_share=(ms - 10.0) / 30.0, compiled=False)
+                           for label, selector, ms, visited, skipped in rows]
     return result
 
 

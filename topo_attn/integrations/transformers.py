@@ -368,6 +368,16 @@ def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len
     return schedule
 
 
+def _whole_sequence_schedule(backend: _Backend, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
+                             scale: float | None) -> BlockSchedule:
+    """The schedule of a whole-sequence call (``q_len == kv_len``): a dense layer's every causal block on the
+    faster tiles (:func:`dense_block_size`, kept for reuse), else :func:`schedule_for`."""
+    settings = backend.settings
+    if settings.is_dense(layer_idx):
+        return _dense_schedule(backend, query.shape[-2], query.device, block_size=dense_block_size(settings))
+    return schedule_for(settings, layer_idx, query, key, scale)
+
+
 def step_schedule(settings: Settings, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
                   stats: KeyBlockStats | None = None) -> BlockSchedule:
     """The schedule of a step with fewer queries than keys, ``query [B, Hq, L, D]`` at the end of
@@ -470,12 +480,7 @@ def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     out like ``torch.empty_like(query)``. Records no :func:`last_stats` entry (the statistics live on the
     host); no gradient. Trusts its inputs (checked by the attention function; only sync-free schedules
     reach it)."""
-    backend = _REGISTRY[name]
-    settings, layer = backend.settings, (None if layer_idx < 0 else layer_idx)
-    if settings.is_dense(layer):
-        schedule = _dense_schedule(backend, query.shape[-2], query.device, block_size=dense_block_size(settings))
-    else:
-        schedule = schedule_for(settings, layer, query, key, scale)
+    schedule = _whole_sequence_schedule(_REGISTRY[name], None if layer_idx < 0 else layer_idx, query, key, scale)
     return scheduled_attention(query, key, value, schedule, scale=scale)
 
 
@@ -524,10 +529,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
             events[0].record()
         # the kernels and the statistics read any strides: transformers' [B, S, H, D] views are not copied
         dense = settings.is_dense(layer_idx)
-        if dense:  # every causal block: the same attention on the faster tiles
-            schedule = _dense_schedule(backend, q_len, query.device, block_size=dense_block_size(settings))
-        else:
-            schedule = schedule_for(settings, layer_idx, query, key, scaling)
+        schedule = _whole_sequence_schedule(backend, layer_idx, query, key, scaling)
         if timed:
             events[1].record()
         out = scheduled_attention(query, key, value, schedule, scale=scaling)

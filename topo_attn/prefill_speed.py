@@ -155,15 +155,15 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     on_gpu = torch.device(device).type == "cuda"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
-    def forward():
-        with torch.no_grad():
-            return model(ids, logits_to_keep=1, use_cache=False).logits
-
-    def compiled_forward(compiled: Callable) -> Callable[[], torch.Tensor]:
+    def prefill(call: Callable, use_cache: bool) -> Callable[[], torch.Tensor]:
+        """One prefill through ``call`` (the model, or its compiled forward: called with a cache, or transformers
+        hands the trace a packed-sequence mask), the last position's logits."""
         def run():
             with torch.no_grad():
-                return compiled(ids, logits_to_keep=1, use_cache=True).logits
+                return call(ids, logits_to_keep=1, use_cache=use_cache).logits
         return run
+
+    forward = prefill(model, use_cache=False)
 
     rows, reference = [], None
     for label, implementation, selector, budget in backends:
@@ -196,7 +196,7 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
                 row["visited_fraction"] = sum(s.visited_fraction for s in stats) / len(stats)
             if compile is not None:
                 torch._dynamo.reset()  # each row compiles its own forward
-                row["ms"] = median_ms(compiled_forward(compile(model.forward)))
+                row["ms"] = median_ms(prefill(compile(model.forward), use_cache=True))
             else:
                 row["ms"] = median_ms(forward)
             if on_gpu and compile is None:

@@ -41,7 +41,7 @@ def test_host_case_times_each_piece_of_a_layer(device):
 
     rows = run_host_case(TINY, timer, device=device, rounds=3)
     selectors = names("block", sync_free=True)
-    assert [r["piece"] for r in rows] == ["sdpa", "kernel dense", "kernel sparse", "output copy",
+    assert [r["piece"] for r in rows] == ["sdpa", "kernel dense", "kernel sparse",
                                          *[f"select {s}" for s in selectors], "backend dense",
                                          *[f"backend {s}" for s in selectors]]
     assert order == order[:len(rows)] * 3  # three rounds, each piece once per round, in turn
@@ -51,7 +51,6 @@ def test_host_case_times_each_piece_of_a_layer(device):
     backend_dense, none = out["backend dense"]
     assert none is None
     torch.testing.assert_close(backend_dense, sdpa.transpose(1, 2), rtol=1e-4, atol=1e-4)
-    assert out["output copy"].is_contiguous() and out["output copy"].shape == (1, 256, 4, 16)
     for s in selectors:
         schedule = out[f"select {s}"]
         assert isinstance(schedule, BlockSchedule) and schedule.lanes == (1, 2)

@@ -14,9 +14,9 @@ rounds that each time every piece in turn, the median and the least over the rou
 - ``kernel sparse``: the same on ``centroid``'s per-key/value-head schedule at the case's budget;
 - ``select <name>``: :func:`topo_attn.selection.select` for each sync-free selector;
 - ``backend <name>``: the transformers backend's whole attention call for a layer (``dense`` and each sync-free
-  selector), as a model calls it (transformers' ``ALL_ATTENTION_FUNCTIONS``): selection, kernel, statistics
-  and the output's ``[B, S, H, D]`` copy (needs transformers);
-- ``output copy``: that copy alone (``transpose(1, 2).contiguous()``).
+  selector), as a model calls it (transformers' ``ALL_ATTENTION_FUNCTIONS``): selection, kernel and
+  statistics (needs transformers). The output is written in q's ``[B, S, H, D]`` memory, so the backend
+  returns a view and copies nothing.
 
 Each row: ``case``, ``piece``, ``selector`` (None for the others), ``budget`` (blocks, for the selections),
 ``host_us`` (median over the rounds), ``host_us_min`` (the least), ``rounds``, ``sdpa_us`` (the case's ``sdpa``
@@ -75,7 +75,6 @@ def run_host_case(case, host_timer: Callable[[Callable[[], object]], float] = pa
         ("sdpa", None, None, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)),
         ("kernel dense", None, None, lambda: ta.scheduled_attention(q, k, v, dense_schedule, scale=scale)),
         ("kernel sparse", "centroid", budget, lambda: ta.scheduled_attention(q, k, v, sparse_schedule, scale=scale)),
-        ("output copy", None, None, lambda: q.transpose(1, 2).contiguous()),
     ]
     for name in selectors:
         pieces.append((f"select {name}", name, budget,

@@ -472,11 +472,12 @@ def check_attention_call(name: str, module, attention_mask, dropout: float, kwar
 
 @torch.library.custom_op("topo_attn::backend_prefill", mutates_args=())
 def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, name: str, layer_idx: int,
-                    scale: float) -> torch.Tensor:
+                    scale: float | None) -> torch.Tensor:
     """The custom op ``torch.ops.topo_attn.backend_prefill``: one whole-sequence call (``q_len == kv_len``) of
-    backend ``name`` for layer ``layer_idx`` (``-1``: none), its schedule (:func:`schedule_for`, or the kept
-    dense one) and kernel, as one opaque op, so ``torch.compile`` traces a model's prefill without a graph
-    break and its CUDA graphs replay the whole call (no host time per layer). Returns ``[B, Hq, S, D]`` laid
+    backend ``name`` for layer ``layer_idx`` (``-1``: none) with softmax ``scale`` (None: ``1 / sqrt(D)``), its
+    schedule (:func:`schedule_for`, or the kept dense one) and kernel, as one opaque op, so ``torch.compile``
+    traces a model's prefill without a graph break and its CUDA graphs replay the whole call (no host time per
+    layer). Returns ``[B, Hq, S, D]`` laid
     out like ``torch.empty_like(query)``. Records no :func:`last_stats` entry (the statistics live on the
     host); no gradient. Trusts its inputs (checked by the attention function; only sync-free schedules
     reach it)."""
@@ -516,9 +517,8 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     bs = settings.block_size
     blocks_read = 0
     if q_len == kv_len and compiled_prefill(settings, layer_idx, query, key, value):
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = torch.ops.topo_attn.backend_prefill(query, key, value, name, -1 if layer_idx is None else layer_idx,
-                                                  float(scale))
+                                                  None if scaling is None else float(scaling))
         return out.transpose(1, 2).contiguous(), None
     if q_len == kv_len:
         timed = backend.timings is not None and query.is_cuda

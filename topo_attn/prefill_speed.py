@@ -42,6 +42,11 @@ FLOOR = "no attention"
 FIXED_BUDGET = 32
 """The fixed budget of extra blocks per query block (2048 tokens with 64-token blocks)."""
 
+SDPA_MASKED = "sdpa, mask materialised"
+"""The label of a compiled run's row of transformers' own ``sdpa``: while ``torch.compile`` traces, its mask
+function cannot skip the causal mask, so SDPA gets an ``[S, S]`` mask and leaves its causal kernel (the ``sdpa``
+row of a compiled run passes no mask)."""
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 """The ``torch.compile`` modes the prefill can be timed under (``--compile`` of the model suite and of
 ``python -m topo_attn.lm evaluate``; ``reduce-overhead`` replays CUDA graphs)."""
@@ -92,19 +97,27 @@ def host_syncs(fn: Callable[[], object]) -> int:
 
 
 def _backends(block_size: int, sinks: int, window: int, budgets: list[int],
-              selectors: tuple[str, ...] | None = None) -> list[tuple[str, str, str | None, int | None]]:
+              selectors: tuple[str, ...] | None = None,
+              compiled: bool = False) -> list[tuple[str, str, str | None, int | None]]:
     """(label, attn_implementation, selector, budget) of every row but FlexAttention's; with ``selectors``, the
-    floor, sdpa and the rows of those names only (``"dense"``: the kit's dense row)."""
+    floor, sdpa and the rows of those names only (``"dense"``: the kit's dense row). ``compiled``: the ``sdpa``
+    row is SDPA with no mask (its causal kernel, as transformers runs it eagerly), and a :data:`SDPA_MASKED` row
+    follows with transformers' own ``sdpa``, whose mask function materialises the causal mask while
+    ``torch.compile`` traces."""
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
 
     from . import selection
     from .integrations import transformers as tat
 
-    AttentionInterface.register("topo_attn_prefill_floor", no_attention)
-    AttentionMaskInterface.register("topo_attn_prefill_floor",
-                                    partial(tat.plain_causal_mask, "topo_attn_prefill_floor"))
-    rows = [(FLOOR, "topo_attn_prefill_floor", None, None), ("sdpa", "sdpa", None, None)]
+    for implementation, function in (("topo_attn_prefill_floor", no_attention),
+                                     ("topo_attn_prefill_sdpa", sdpa_attention_forward)):
+        AttentionInterface.register(implementation, function)
+        AttentionMaskInterface.register(implementation, partial(tat.plain_causal_mask, implementation))
+    rows = [(FLOOR, "topo_attn_prefill_floor", None, None)]
+    rows += [("sdpa", "topo_attn_prefill_sdpa", None, None), (SDPA_MASKED, "sdpa", None, None)] if compiled \
+        else [("sdpa", "sdpa", None, None)]
     common = dict(block_size=block_size, sinks=sinks, window=window)
     if selectors is None or "dense" in selectors:
         rows.append(("topo_attn dense", tat.register("dense", name="topo_attn_prefill_dense", **common), "dense",
@@ -149,7 +162,7 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
     nb = num_blocks(seq_len, block_size)
     budgets = [topk] if topk is not None else sorted({max(1, nb // 8), FIXED_BUDGET})
-    backends = _backends(block_size, sinks, window, budgets, selectors)
+    backends = _backends(block_size, sinks, window, budgets, selectors, compiled=compile is not None)
     if with_flex and compile is None:  # last: its compilation is the slowest, and a stall leaves the rest done
         backends.append(("flex_attention", "flex_attention", None, None))
     on_gpu = torch.device(device).type == "cuda"

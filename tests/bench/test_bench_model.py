@@ -88,7 +88,7 @@ def test_model_case_compiled_times_the_compiled_forward(device):
     selector whose schedule waits for the host gets a skipped row, and the visited fraction and logits still
     come from the eager forward; the kit's calls go through the prefill op (the forward compiles whole)."""
     from topo_attn.bench.model import run_model_case
-    from topo_attn.prefill_speed import FLOOR
+    from topo_attn.prefill_speed import FLOOR, SDPA_MASKED
 
     compiled_calls = []
 
@@ -104,17 +104,18 @@ def test_model_case_compiled_times_the_compiled_forward(device):
 
     def timer(fn):
         timed.append(fn().shape)
-        return (1.0, 3.0, 2.0, 2.5)[len(timed) - 1]  # floor, sdpa, dense, centroid
+        return (1.0, 3.0, 3.5, 2.0, 2.5)[len(timed) - 1]  # floor, sdpa, sdpa with its mask, dense, centroid
 
     case = Case("tiny", 1, 4, 2, 160, 16, 16, "float32", topk=1)
     rows = run_model_case(case, timer, with_flex=True, device=device, shape=TINY,
                           selectors=("dense", "centroid", "topology_22"), compile=compile)
     torch._dynamo.reset()
-    assert [r["attention"] for r in rows] == [FLOOR, "sdpa", "topo_attn dense", "topo_attn topology_22",
-                                              "topo_attn centroid"]
-    assert compiled_calls == [True] * 4 and timed == [(1, 1, 96)] * 4 and all(r["compiled"] for r in rows)
-    assert "waits for the host" in rows[3]["skipped"] and math.isnan(rows[3]["ms"])
-    assert rows[4]["visited_fraction"] < 1.0 and rows[4]["ms"] == 2.5 and rows[2]["max_logit_diff"] < 1e-4
+    assert [r["attention"] for r in rows] == [FLOOR, "sdpa", SDPA_MASKED, "topo_attn dense",
+                                              "topo_attn topology_22", "topo_attn centroid"]
+    assert compiled_calls == [True] * 5 and timed == [(1, 1, 96)] * 5 and all(r["compiled"] for r in rows)
+    assert "waits for the host" in rows[4]["skipped"] and math.isnan(rows[4]["ms"])
+    assert rows[5]["visited_fraction"] < 1.0 and rows[5]["ms"] == 2.5 and rows[3]["max_logit_diff"] < 1e-4
+    assert rows[2]["max_logit_diff"] < 1e-4 and rows[2]["vs_sdpa"] == 3.5 / 3.0  # the same attention, masked
 
 
 def test_slow_selectors_are_left_out_of_long_cases(device, monkeypatch):

@@ -112,3 +112,54 @@ def test_only_gradient_free_sync_free_calls_take_the_op(monkeypatch):
     assert not tat.compiled_prefill(settings["centroid"], 0, grad_q, k, k)
     with torch.no_grad():
         assert tat.compiled_prefill(settings["centroid"], 0, grad_q, k, k)
+
+
+def test_the_op_selects_without_cached_graphs_and_defaults_its_scale(device, monkeypatch):
+    """Inside the op the topology kernels may not replay cached graphs (under reduce-overhead the op runs in the
+    compiled function's graph pool, where a cached graph's buffers would outlive the call); outside it they may.
+    A scale of None is 1 / sqrt(D)."""
+    from topo_attn.topology.gpu.graph import cached_graphs_allowed, no_cached_graphs
+
+    seen = []
+    real = tat.schedule_for
+
+    def spy(*args, **kwargs):
+        seen.append(cached_graphs_allowed())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tat, "schedule_for", spy)
+    name = tat.register(selector="topology", block_size=BLOCK, budget=1, name="topo_compiled_graphs")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 96, h, 16, generator=gen).to(device).transpose(1, 2) for h in (4, 2, 2))
+    default = torch.ops.topo_attn.backend_prefill(q, k, v, name, 0, None)
+    given = torch.ops.topo_attn.backend_prefill(q, k, v, name, 0, 0.25)
+    assert seen == [False, False] and cached_graphs_allowed()
+    torch.testing.assert_close(default, given, atol=0, rtol=0)  # 16 ** -0.5 == 0.25
+    other = torch.ops.topo_attn.backend_prefill(q, k, v, name, 0, 0.5)
+    assert not torch.allclose(other, given, atol=1e-3)
+    with no_cached_graphs():
+        assert not cached_graphs_allowed()
+        with no_cached_graphs():
+            assert not cached_graphs_allowed()
+        assert not cached_graphs_allowed()
+    assert cached_graphs_allowed()
+
+
+@pytest.mark.cuda
+def test_reduce_overhead_replays_dense_then_topology_then_centroid():
+    """Compiled with CUDA graphs (``mode="reduce-overhead"``), one forward after another as the model suite runs
+    them: each replays and equals its eager logits; no buffer of the op's outlives a call in the graph pool
+    (cudagraph trees raise if one does)."""
+    model = tiny_llama("cuda").to(torch.bfloat16)
+    ids = token_ids(256, "cuda")
+    for selector in ("dense", "topology", "centroid"):
+        name = tat.register(selector=selector, block_size=BLOCK, budget=2, name=f"topo_graphs_{selector}")
+        model.set_attn_implementation(name)
+        with torch.no_grad():
+            want = model(ids, use_cache=False).logits.float()
+            torch._dynamo.reset()
+            forward = torch.compile(model.forward, mode="reduce-overhead")
+            for _ in range(3):  # warm-up, record, replay
+                got = forward(ids, use_cache=True).logits.float()
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    torch._dynamo.reset()

@@ -480,8 +480,14 @@ def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     layer). Returns ``[B, Hq, S, D]`` laid
     out like ``torch.empty_like(query)``. Records no :func:`last_stats` entry (the statistics live on the
     host); no gradient. Trusts its inputs (checked by the attention function; only sync-free schedules
-    reach it)."""
-    schedule = _whole_sequence_schedule(_REGISTRY[name], None if layer_idx < 0 else layer_idx, query, key, scale)
+    reach it). The topology kernels launch one by one here (:func:`~topo_attn.topology.gpu.graph.no_cached_graphs`):
+    under ``mode="reduce-overhead"`` the op runs in the compiled function's graph pool, where a cached graph's
+    buffers would outlive the call."""
+    from ..topology.gpu.graph import no_cached_graphs
+
+    with no_cached_graphs():  # run inside torch.compile's CUDA graphs: no buffer of a graph cached here
+        schedule = _whole_sequence_schedule(_REGISTRY[name], None if layer_idx < 0 else layer_idx, query, key,
+                                            scale)
     return scheduled_attention(query, key, value, schedule, scale=scale)
 
 

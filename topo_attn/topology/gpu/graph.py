@@ -14,8 +14,10 @@ launch (:mod:`.pdl`).
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
 import torch
 import triton
@@ -37,6 +39,29 @@ STATUS_SPINS = 20000
 to a stream sync."""
 
 _graphs: OrderedDict[tuple, "_BuildGraph"] = OrderedDict()
+
+_graphs_allowed: ContextVar[bool] = ContextVar("topo_attn_cached_graphs", default=True)
+
+
+@contextlib.contextmanager
+def no_cached_graphs() -> Iterator[None]:
+    """Within this context, :func:`build_rows` and :func:`salience_of_keys` launch their kernels one by one
+    instead of replaying (or first building) a cached graph. For code that runs in another graph's memory pool:
+    ``torch.compile``'s CUDA graphs (``mode="reduce-overhead"``) warm up and record a compiled function there,
+    and a cached graph's buffers, allocated on its first use, would outlive the call in that pool (which
+    cudagraph trees refuse: "tensors in the cudagraph pool not tracked as outputs"). The outer graph then holds
+    the launches itself, so nothing is lost."""
+    token = _graphs_allowed.set(False)
+    try:
+        yield
+    finally:
+        _graphs_allowed.reset(token)
+
+
+def cached_graphs_allowed() -> bool:
+    """Whether :func:`build_rows` and :func:`salience_of_keys` may replay cached graphs here (False within
+    :func:`no_cached_graphs`)."""
+    return _graphs_allowed.get()
 
 
 LANE_GROUPS = 2
@@ -211,7 +236,8 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
             :data:`~topo_attn.topology.gpu.MAX_BLOCKS`.
         dtype: the dtype of centroids and distances, float32 or float64.
         topk, sinks, window: the rule, with ``topk <= n``, ``sinks <= n`` and ``window < n``.
-        use_graph: replay a cached CUDA graph where it applies (True) or launch every kernel from Python (False).
+        use_graph: replay a cached CUDA graph where it applies (True; not within :func:`no_cached_graphs`) or
+            launch every kernel from Python (False).
         status_spins: how many times the host polls a replay's status before a stream sync
             (:func:`read_status`); returned rows may then still be being written, ordered on the current stream
             like any CUDA result.
@@ -227,7 +253,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
-    if keys.is_cuda and use_graph and _graph_fits(lanes, n, dtype):
+    if keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype):
         device = keys.get_device()
         # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's cost)
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
@@ -275,7 +301,7 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
         block_size: key rows per block, ``>= 1``.
         dtype: the dtype of centroids, distances and saliences, float32 or float64.
         use_graph: replay a cached CUDA graph where it applies (True; not while the current stream is being
-            captured) or launch every kernel from Python (False).
+            captured, nor within :func:`no_cached_graphs`) or launch every kernel from Python (False).
 
     Returns:
         ``[L, n]`` in ``dtype``, a tensor of its own (the graph's buffer is copied out: the next replay rewrites
@@ -284,7 +310,8 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
-    if keys.is_cuda and use_graph and _graph_fits(lanes, n, dtype) and not torch.cuda.is_current_stream_capturing():
+    if (keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
+            and not torch.cuda.is_current_stream_capturing()):
         device = keys.get_device()
         key = ("salience", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
         graph = _graph_for(key, lambda: _SalienceGraph(lanes, n, dim, dtype, keys.device))

@@ -101,6 +101,33 @@ def test_custom_scale(device):
     assert not torch.allclose(out, ta.scheduled_attention(q, k, v, schedule), atol=1e-3)
 
 
+def test_autocast_runs_attention_in_its_dtype(device):
+    """Under torch.autocast, as inside a model (q and k float32 after the rotary embedding, v bfloat16 from its
+    projection), the inputs are cast to autocast's dtype like SDPA's: the output is the kernel's on the cast
+    inputs (bit for bit, and near the float64 reference), the gradients come back in each input's dtype and equal
+    the cast run's, and without autocast the mix is refused."""
+    q, k, v = _inputs((1, 2, 96, 32), (1, 2, 96, 32), torch.float32, device, seed=5)
+    v = v.to(torch.bfloat16)
+    schedule = ta.dense_causal_schedule(96, 32, device=device)
+    q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+    grad_out = torch.randn(1, 2, 96, 32, generator=torch.Generator().manual_seed(6)).to(device, torch.bfloat16)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out = ta.scheduled_attention(q, k, v, schedule)
+    assert out.dtype == torch.bfloat16
+    out.backward(grad_out)
+    q2, k2 = (t.detach().to(torch.bfloat16).requires_grad_(True) for t in (q, k))
+    v2 = v.detach().clone().requires_grad_(True)
+    want = ta.scheduled_attention(q2, k2, v2, schedule)
+    want.backward(grad_out)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    _check(out, ta.dense_masked_attention(q2.double(), k2.double(), v2.double(), schedule), torch.bfloat16)
+    assert (q.grad.dtype, k.grad.dtype, v.grad.dtype) == (torch.float32, torch.float32, torch.bfloat16)
+    for got, cast in ((q.grad, q2.grad), (k.grad, k2.grad), (v.grad, v2.grad)):
+        torch.testing.assert_close(got, cast.to(got.dtype), atol=0, rtol=0)
+    with pytest.raises(TypeError, match="v must have the same dtype as q"):
+        ta.scheduled_attention(q, k, v, schedule)
+
+
 def test_non_contiguous_inputs(device):
     """Strides are runtime arguments: a [B, S, H, D] layout viewed as [B, H, S, D] needs no copy."""
     gen = torch.Generator().manual_seed(11)

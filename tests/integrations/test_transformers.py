@@ -339,6 +339,28 @@ def test_dense_gradients_equal_sdpa(dtype, device):
         assert_close(got[n] / want[n].abs().max(), want[n] / want[n].abs().max(), dtype, n)
 
 
+def test_training_under_autocast_follows_sdpa(device):
+    """A float32 model trained under bfloat16 autocast, as ``lm train`` runs (q and k float32 after the rotary
+    embedding, v bfloat16): the kit's dense backend runs like SDPA (in bfloat16), and loss and gradients are
+    SDPA's up to bfloat16 rounding."""
+    name = tat.register(selector="dense", block_size=BLOCK, name="topo_dense_autocast")
+    model = tiny_llama(torch.float32, device).train()
+    ids = token_ids(2, 50, device)
+
+    def run(implementation):
+        model.set_attn_implementation(implementation)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}
+
+    (want_loss, want), (got_loss, got) = run("sdpa"), run(name)
+    assert_close(got_loss, want_loss, torch.bfloat16, "loss")
+    for n in (n for n in want if "self_attn" in n):
+        assert_close(got[n] / want[n].abs().max(), want[n] / want[n].abs().max(), torch.bfloat16, n)
+
+
 # ------------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(selector="nope"), "selector"),

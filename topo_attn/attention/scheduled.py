@@ -101,6 +101,18 @@ def decode_kernel_reason(q_len: int, kv_len: int, grad: bool, kernel: str = "aut
     return None
 
 
+def autocast_inputs(q, k, v) -> tuple:
+    """``q, k, v`` as attention runs them under ``torch.autocast``: in autocast's dtype for q's device type when
+    autocast is enabled there, as SDPA runs (floating tensors only; anything else is left for the checks), else
+    unchanged. Inside a model under autocast the rotary embedding leaves q and k in float32 while v comes out of
+    its projection in bfloat16; without this the kernels would refuse the mix, or run a float32 model's
+    attention in float32 (several times slower than in bfloat16)."""
+    if not isinstance(q, torch.Tensor) or not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(q.device.type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in (q, k, v))
+
+
 def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: BlockSchedule,
                         scale: float | None = None, return_lse: bool = False, *, deterministic: bool = True,
                         kernel: str = "auto"):
@@ -123,6 +135,9 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     (the scheduled key blocks of each lane spread over programs, the query heads of a key/value head packed in
     one tile when the schedule is shared or per key/value head; :func:`decode_kernel_reason` decides).
 
+    Under ``torch.autocast`` (enabled for q's device type) q, k and v are first cast to autocast's dtype, as SDPA
+    does (:func:`autocast_inputs`), and the output comes in that dtype.
+
     Returns the output in q's shape and dtype and, with ``return_lse``, the per-query log-sum-exp (natural
     log, float32, ``[L]`` or ``[B, H, L]``). Equal to :func:`dense_masked_attention` up to rounding.
 
@@ -141,6 +156,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     ``kernel="hopper"`` where the Hopper kernel does not apply (the message says why)."""
     from .forward import INTERPRETED  # triton is imported on first use
 
+    q, k, v = autocast_inputs(q, k, v)
     shape = check_qkv(q, k, v, shorter_q=True)
     check_schedule_for(schedule, shape, q.device)
     scale = check_scale(scale, shape.head_dim)

@@ -81,6 +81,21 @@ def no_attention(module, query, key, value, attention_mask, scaling=None, dropou
     return value.repeat_interleave(group, dim=1).transpose(1, 2).contiguous(), None
 
 
+def idle_call_us(fn: Callable[[], object], calls: int = 5) -> float:
+    """Median host time of ``calls`` calls of ``fn()`` in microseconds, from the call to its return, the device
+    drained before each (so no call waits for a full launch queue); on a CPU simply the call's time."""
+    times = []
+    for _ in range(calls):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def host_syncs(fn: Callable[[], object]) -> int:
     """How many synchronising CUDA calls ``fn()`` makes (``torch.cuda.set_sync_debug_mode("warn")``)."""
     import warnings
@@ -148,9 +163,11 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
     (e.g. ``partial(torch.compile, mode="reduce-overhead")``); then every row is timed on the compiled forward
     (dynamo reset before each row; called with a ``DynamicCache``, ``use_cache=True``, since without a cache
     transformers hands a traced forward a packed-sequence mask), its logits and visited fraction still come
-    from one eager forward, the syncs and per-layer timings are not measured, FlexAttention is left out, and
-    the selectors whose schedules wait for the host get a skipped row (``compiled`` in the row names the
-    compiled forward)."""
+    from one eager forward, FlexAttention is left out, the selectors whose schedules wait for the host get a
+    skipped row (``compiled`` in the row names the compiled forward), the schedule's share is not measured, the
+    syncs are those of one compiled call, and ``host_us_per_layer`` is the host time of a whole compiled call
+    (:func:`idle_call_us`: the GPU idle before it) over the layers, for every row: the rest of the model's host
+    work included, so an upper bound of the attention's."""
     import transformers
 
     from . import selection
@@ -209,7 +226,11 @@ def prefill_speed_rows(model, name: str, seq_len: int, block_size: int, *, batch
                 row["visited_fraction"] = sum(s.visited_fraction for s in stats) / len(stats)
             if compile is not None:
                 torch._dynamo.reset()  # each row compiles its own forward
-                row["ms"] = median_ms(prefill(compile(model.forward), use_cache=True))
+                compiled = prefill(compile(model.forward), use_cache=True)
+                row["ms"] = median_ms(compiled)
+                if on_gpu:  # after the timing's calls: each call replays what it recorded
+                    row["syncs"] = host_syncs(compiled)
+                    row["host_us_per_layer"] = idle_call_us(compiled) / config.num_hidden_layers
             else:
                 row["ms"] = median_ms(forward)
             if on_gpu and compile is None:

@@ -258,3 +258,20 @@ def test_runner_passes_selectors_and_merges_to_the_generate_suite(monkeypatch, t
         runner.main(["--suite", "generate", "--selectors", "topology_22"])
     with pytest.raises(UsageError, match="--merges: applies to the generate suite only"):
         runner.main(["--suite", "model", "--merges", "kernel"])
+
+
+def test_idle_call_us_times_each_call_to_its_return():
+    """The compiled rows' host time: the median over the calls of each call's own time (a call that sleeps
+    2 ms or 4 ms in turn: at least 2000 us, and each call made once per measurement)."""
+    import time
+
+    from topo_attn.prefill_speed import idle_call_us
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002 * (1 + len(calls) % 2))
+
+    us = idle_call_us(fn, calls=5)
+    assert len(calls) == 5 and 2000 <= us < 1e6

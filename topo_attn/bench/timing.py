@@ -44,24 +44,13 @@ def host_us(fn: Callable[[], object], calls: int = 200, warmup: int = 20, repeat
 def idle_host_us(fn: Callable[[], object], calls: int = 50, warmup: int = 5) -> float:
     """Median host time of one call of ``fn()`` in microseconds, the device drained before each call (so the
     call never waits for a full launch queue): the Python and launch work a layer's kernels wait for when the
-    GPU is ahead of the host. On a CPU it is simply the call's time."""
-    import statistics
-    import time
-
-    def drain() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+    GPU is ahead of the host. On a CPU it is simply the call's time
+    (:func:`topo_attn.prefill_speed.idle_call_us` after ``warmup`` calls)."""
+    from ..prefill_speed import idle_call_us
 
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(calls):
-        drain()
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e6)
-    drain()
-    return statistics.median(times)
+    return idle_call_us(fn, calls)
 
 
 def graph_median_ms(fn: Callable[[], object], warmup_ms: float = 50, rep_ms: float = 300) -> float:

@@ -477,12 +477,11 @@ def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     backend ``name`` for layer ``layer_idx`` (``-1``: none) with softmax ``scale`` (None: ``1 / sqrt(D)``), its
     schedule (:func:`schedule_for`, or the kept dense one) and kernel, as one opaque op, so ``torch.compile``
     traces a model's prefill without a graph break and its CUDA graphs replay the whole call (no host time per
-    layer). Returns ``[B, Hq, S, D]`` laid
-    out like ``torch.empty_like(query)``. Records no :func:`last_stats` entry (the statistics live on the
-    host); no gradient. Trusts its inputs (checked by the attention function; only sync-free schedules
-    reach it). The topology kernels launch one by one here (:func:`~topo_attn.topology.gpu.graph.no_cached_graphs`):
-    under ``mode="reduce-overhead"`` the op runs in the compiled function's graph pool, where a cached graph's
-    buffers would outlive the call."""
+    layer). Returns ``[B, Hq, S, D]`` laid out like ``torch.empty_like(query)``. Records no :func:`last_stats`
+    entry (the statistics live on the host); no gradient. Trusts its inputs (checked by the attention function;
+    only sync-free schedules reach it). The topology kernels launch one by one here
+    (:func:`~topo_attn.topology.gpu.graph.no_cached_graphs`): under ``mode="reduce-overhead"`` the op runs in the
+    compiled function's graph pool, where a cached graph's buffers would outlive the call."""
     from ..topology.gpu.graph import no_cached_graphs
 
     with no_cached_graphs():  # run inside torch.compile's CUDA graphs: no buffer of a graph cached here

@@ -60,6 +60,17 @@ def random_schedule(gen: torch.Generator, seq_len: int, block_size: int, lanes=N
     return ta.BlockSchedule.from_block_mask(mask, block_size, seq_len, q_len=q_len).to(device)
 
 
+def padded_copy(schedule: ta.BlockSchedule, extra: int, seed: int = 0) -> ta.BlockSchedule:
+    """The same schedule as the kit's GPU builders give it without reading the entry count back
+    (:attr:`~topo_attn.BlockSchedule.padded`): its entries followed by ``extra`` unused ones, random values out
+    of range too, as an uninitialised buffer holds."""
+    gen = torch.Generator().manual_seed(seed)
+    junk = torch.randint(-2**31, 2**31 - 1, (extra,), generator=gen, dtype=torch.int64).to(torch.int32)
+    return ta.BlockSchedule.unchecked(schedule.offsets, torch.cat([schedule.indices, junk.to(schedule.device)]),
+                                      schedule.block_size, schedule.seq_len, schedule.lanes, schedule.transposed,
+                                      schedule.q_len, padded=True)
+
+
 def all_pairs_salience(dist: np.ndarray) -> np.ndarray:
     """#22's elder-rule salience from a symmetric distance matrix ``[n, n]``.
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask, flex_attention
 
 from topo_attn import BlockSchedule, dense_causal_schedule, dense_masked_attention, num_blocks
+from helpers import padded_copy  # in tests/
 
 Lanes = tuple[int, int] | None
 
@@ -345,3 +346,39 @@ def test_internal_schedules_are_validated_when_the_switch_is_on(monkeypatch) -> 
     assert BlockSchedule.unchecked(offsets, indices, 16, 32).nnz == 2  # trusted, not checked
     with pytest.raises(ValueError, match="not causal"):
         BlockSchedule(offsets, indices, 16, 32)
+
+
+# -------------------------------------------------------------------------------------- padded
+@pytest.mark.parametrize("lanes", LANE_CASES)
+@pytest.mark.parametrize("extra", [0, 1, 37])
+def test_a_padded_schedule_is_its_entries(lanes: Lanes, extra: int) -> None:
+    """A padded schedule reads as the exact one (indices, nnz, counts, masks, device moves), its buffer keeps
+    the unused tail for the kernels, and its transpose is padded too, equal to the exact transpose in its
+    entries, and transposes back."""
+    exact = BlockSchedule.from_block_mask(random_causal_mask(9, lanes, density=0.3, seed=41), 16, 140)
+    padded = padded_copy(exact, extra)
+    assert padded.padded and not exact.padded
+    assert padded.index_buffer.numel() == exact.nnz + extra
+    assert int(padded.entry_count()) == exact.nnz
+    assert torch.equal(padded.indices, exact.indices) and padded.nnz == exact.nnz
+    assert padded.counts().scheduled_blocks == exact.counts().scheduled_blocks
+    assert padded.causal_blocks == exact.counts().causal_blocks
+    assert torch.equal(padded.to_block_mask(), exact.to_block_mask())
+    assert padded.validate() is padded
+    moved = padded_copy(exact, extra).to("cpu")
+    assert moved.padded and torch.equal(moved.indices, exact.indices)
+    column, want = padded_copy(exact, extra).transpose(), exact.transpose()
+    assert column.padded and column.transposed and column.index_buffer.numel() == exact.nnz + extra
+    assert torch.equal(column.offsets, want.offsets) and torch.equal(column.indices, want.indices)
+    back = column.transpose()
+    assert torch.equal(back.offsets, exact.offsets) and torch.equal(back.indices, exact.indices)
+
+
+def test_a_padded_schedule_whose_offsets_overrun_its_buffer_fails_validation(monkeypatch) -> None:
+    """A padded buffer shorter than ``offsets[-1]`` is caught by the validation switch, like any bad CSR."""
+    from topo_attn.schedule import CHECK_ENV
+
+    offsets, buffer = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32)
+    monkeypatch.setenv(CHECK_ENV, "1")
+    with pytest.raises(ValueError, match="offsets must end at nnz"):
+        BlockSchedule.unchecked(offsets, buffer, 16, 32, padded=True)

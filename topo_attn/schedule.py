@@ -72,6 +72,13 @@ class BlockSchedule:
 
     The constructor validates the structure (see :meth:`validate`), so a ``BlockSchedule`` that exists is
     well formed: rows sorted, without duplicates, causal, in range, and (for row schedules) non-empty.
+
+    A *padded* schedule (:attr:`padded`; only the kit's own builders make one, with
+    :meth:`unchecked` ``(..., padded=True)``) keeps its entries in a buffer that may be longer than
+    ``offsets[-1]``, so that a GPU builder whose entry count depends on the data need not read that count back:
+    the kernels read :attr:`index_buffer` between the offsets and never look past ``offsets[-1]``. Its
+    :attr:`indices` (and :attr:`nnz`, :meth:`counts`, the conversions) are the exact entries, sliced from the
+    buffer on first use with the one host sync of reading ``offsets[-1]``.
     """
 
     offsets: torch.Tensor
@@ -105,19 +112,44 @@ class BlockSchedule:
 
     @classmethod
     def unchecked(cls, offsets, indices, block_size, seq_len, lanes=None, transposed=False,
-                  q_len=None) -> "BlockSchedule":
+                  q_len=None, padded=False) -> "BlockSchedule":
         """Build without validation, for CSR tensors already known to be valid (derived from a valid schedule, or
         built by a rule that guarantees sorted, unique, causal, non-empty rows): the kit's own builders, which
-        are trusted, so their schedules cost no check and no host sync. With the environment variable
-        :data:`CHECK_ENV` set to ``1`` (the tests set it) every such schedule is validated all the same."""
+        are trusted, so their schedules cost no check and no host sync. ``padded``: ``indices`` is a buffer whose
+        first ``offsets[-1]`` entries are the schedule's and whose rest is unused (see the class docstring). With
+        the environment variable :data:`CHECK_ENV` set to ``1`` (the tests set it) every such schedule is
+        validated all the same."""
         schedule = object.__new__(cls)
-        for name, value in (("offsets", offsets), ("indices", indices), ("block_size", block_size),
-                            ("seq_len", seq_len), ("lanes", lanes), ("transposed", transposed),
-                            ("q_len", seq_len if q_len is None else q_len)):
+        for name, value in (("offsets", offsets), ("indices" if not padded else "_buffer", indices),
+                            ("block_size", block_size), ("seq_len", seq_len), ("lanes", lanes),
+                            ("transposed", transposed), ("q_len", seq_len if q_len is None else q_len)):
             object.__setattr__(schedule, name, value)
         if os.environ.get(CHECK_ENV) == "1":
             schedule.validate()
         return schedule
+
+    def __getattr__(self, name: str):
+        # reached only for a padded schedule's indices before their first use: the exact entries, sliced once
+        if name == "indices" and "_buffer" in self.__dict__:
+            indices = self.__dict__["_buffer"][:int(self.offsets[-1])]  # the one host sync of a padded schedule
+            object.__setattr__(self, "indices", indices)
+            return indices
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def padded(self) -> bool:
+        """Whether the entries sit in a buffer that may run past ``offsets[-1]`` (:attr:`index_buffer`)."""
+        return "_buffer" in self.__dict__
+
+    @property
+    def index_buffer(self) -> torch.Tensor:
+        """The entries as the kernels read them, with no host sync: :attr:`indices`, or for a padded schedule the
+        buffer whose first ``offsets[-1]`` entries they are (row ``r``'s at ``offsets[r]:offsets[r + 1]``)."""
+        return self.__dict__["_buffer"] if self.padded else self.indices
+
+    def entry_count(self) -> torch.Tensor:
+        """``nnz`` as a 0-d int32 tensor on the schedule's device (``offsets[-1]``), read without a host sync."""
+        return self.offsets[-1]
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -319,38 +351,51 @@ class BlockSchedule:
         tokens = blocks[..., row, :].repeat_interleave(self.block_size, dim=-1)[..., :seq]
         return tokens & (k_pos[None, :] <= q_pos[:, None])
 
-    def counts(self) -> ScheduleCounts:
-        """Scheduled blocks, causal blocks (``first + 1 .. n`` per lane for query blocks ``first .. n - 1``;
-        ``n (n + 1) / 2`` for a square schedule) and the reduction, over all lanes."""
+    @property
+    def causal_blocks(self) -> int:
+        """The causal (query block, key block) pairs of the schedule's rows over all lanes: ``first + 1 .. n``
+        per lane for query blocks ``first .. n - 1`` (``n (n + 1) / 2`` for a square schedule)."""
         nb, first = self.num_blocks, self.first_query_block
-        return ScheduleCounts(self.nnz, self.num_lanes * (nb * (nb + 1) - first * (first + 1)) // 2)
+        return self.num_lanes * (nb * (nb + 1) - first * (first + 1)) // 2
+
+    def counts(self) -> ScheduleCounts:
+        """Scheduled blocks, :attr:`causal_blocks` and the reduction, over all lanes."""
+        return ScheduleCounts(self.nnz, self.causal_blocks)
 
     def to(self, device: torch.device | str) -> "BlockSchedule":
         """The same schedule with its tensors on ``device``."""
-        return BlockSchedule.unchecked(self.offsets.to(device), self.indices.to(device), self.block_size,
-                                      self.seq_len, self.lanes, self.transposed, self.q_len)
+        return BlockSchedule.unchecked(self.offsets.to(device), self.index_buffer.to(device), self.block_size,
+                                      self.seq_len, self.lanes, self.transposed, self.q_len, self.padded)
 
     def transpose(self) -> "BlockSchedule":
         """Column form: row ``c`` of each lane lists, sorted, the absolute query blocks whose rows contain key
         block ``c`` (what a backward pass walks for dK/dV). Rows may be empty. Transposing twice gives back the
-        row schedule."""
+        row schedule. No host sync: a padded schedule gives a padded transpose (its unused entries sorted last)."""
         nb, first = self.num_blocks, self.first_query_block
-        row_ids = self.row_ids()
-        source_rows = self.rows_per_lane
-        lane = row_ids // source_rows
-        block = self.row_blocks(row_ids)  # the absolute block of each entry's row
         target_rows, target_first = (self.num_query_blocks, first) if self.transposed else (nb, 0)
-        new_rows = lane * target_rows + self.indices.long() - target_first
-        order = torch.argsort(new_rows * nb + block)
         rows = self.num_lanes * target_rows
+        entries = self.index_buffer.long()
+        if self.padded:  # each buffer entry's row; the entries past offsets[-1] get the row count
+            at = torch.arange(entries.numel(), dtype=self.offsets.dtype, device=self.device)
+            row_ids = torch.searchsorted(self.offsets, at, right=True) - 1
+            used = row_ids < self.num_rows
+            row_ids = torch.where(used, row_ids, 0)
+        else:
+            row_ids = self.row_ids()
+        lane = row_ids // self.rows_per_lane
+        block = self.row_blocks(row_ids)  # the absolute block of each entry's row
+        new_rows = lane * target_rows + entries - target_first
+        if self.padded:  # the unused entries go to an extra last row, which is dropped
+            new_rows = torch.where(used, new_rows, rows)
+        order = torch.argsort(new_rows * nb + block)
         # index_add_, not bincount: no host sync on CUDA (the backward pass transposes on every call)
-        counts = torch.zeros(rows, dtype=torch.int32, device=self.device).index_add_(
-            0, new_rows, torch.ones_like(self.indices))
+        counts = torch.zeros(rows + 1, dtype=torch.int32, device=self.device).index_add_(
+            0, new_rows, torch.ones_like(new_rows, dtype=torch.int32))
         offsets = torch.zeros(rows + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(counts, dim=0, out=offsets[1:])
+        torch.cumsum(counts[:rows], dim=0, out=offsets[1:])
         indices = block[order].to(torch.int32)
         return BlockSchedule.unchecked(offsets, indices, self.block_size, self.seq_len, self.lanes,
-                                      not self.transposed, self.q_len)
+                                      not self.transposed, self.q_len, self.padded)
 
     def to_flex_block_mask(self):
         """A ``torch.nn.attention.flex_attention.BlockMask`` with the same blocks: off-diagonal blocks as

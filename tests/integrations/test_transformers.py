@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import topo_attn as ta
-from helpers import TOLERANCE
+from helpers import TOLERANCE, padded_copy
 from topo_attn import selection
 
 transformers = pytest.importorskip("transformers", minversion="5")
@@ -161,6 +161,29 @@ def test_sparse_bfloat16_with_a_dense_layer(device):
     stats = tat.last_stats(name)
     assert stats[0].visited_fraction < 1.0 and stats[1].visited_fraction == 1.0
     assert stats[0].scheduled_blocks == 2 * schedules[0].nnz  # 4 query heads over 2 key/value heads
+
+
+def test_a_padded_schedule_runs_and_counts_its_entries_only(device, monkeypatch):
+    """A layer whose schedule is padded (topology_22's on a GPU, its entry count left on the device) gives the
+    logits and the statistics of the exact schedule: the count is read back when the statistics are asked for."""
+    name = tat.register(selector="topology_22", block_size=BLOCK, sinks=1, window=1, budget=2, name="topo_padded")
+    model = tiny_llama(torch.float32, device)
+    ids = token_ids(2, 100, device)
+    want = logits_with(model, name, ids)
+    want_stats, want_totals = tat.last_stats(name), tat.visited_totals(name)
+    real, built = tat.schedule_for, []
+
+    def padded(*args, **kwargs):
+        built.append(padded_copy(real(*args, **kwargs), 13))
+        return built[-1]
+
+    monkeypatch.setattr(tat, "schedule_for", padded)
+    tat.register(selector="topology_22", block_size=BLOCK, sinks=1, window=1, budget=2, name="topo_padded")
+    got = logits_with(model, name, ids)
+    assert len(built) == 2 and all(s.padded for s in built)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert tat.last_stats(name) == want_stats and tat.visited_totals(name) == want_totals
+    assert want_stats[0].visited_fraction < 1.0
 
 
 def test_per_query_head_selection_is_an_option(device):

@@ -212,6 +212,9 @@ def test_gpu_topology_schedule_equals_the_cpu_one(per_lane, dtype):
     assert gpu.offsets.is_cuda and gpu.lanes == cpu.lanes
     gpu.validate()
     assert torch.equal(gpu.offsets.cpu(), cpu.offsets) and torch.equal(gpu.indices.cpu(), cpu.indices)
+    trusted = ta.topology_schedule(keys.cuda(), block_size, 2, 1, 20, dtype=dtype, check=False, **kwargs)
+    assert trusted.padded and trusted.index_buffer.numel() >= cpu.nnz  # (the selectors' path: no host sync)
+    assert torch.equal(trusted.offsets.cpu(), cpu.offsets) and torch.equal(trusted.indices.cpu(), cpu.indices)
 
 
 @pytest.mark.parametrize("lanes, seq, block_size, rule", [(1, 16 * 40 + 3, 16, (5, 1, 2)), (3, 8 * 33, 8, (4, 0, 0)),
@@ -231,6 +234,11 @@ def test_build_rows_equals_the_cpu_schedule(lanes, seq, block_size, rule, device
                                           min(window, nb - 1))
     assert finite is True
     assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(indices.cpu(), want.indices)
+    # without reading the status back: the same offsets, the rows at the head of a buffer of the rule's bound
+    offsets, buffer, finite = build_rows(keys.to(device), block_size, torch.float64, min(topk, nb), min(sinks, nb),
+                                         min(window, nb - 1), read_status_back=False)
+    assert finite is None and buffer.numel() >= want.nnz
+    assert torch.equal(offsets.cpu(), want.offsets) and torch.equal(buffer[:want.nnz].cpu(), want.indices)
     # a non-finite key in the first block, then in the last (in the last distance tile when there are several):
     # flagged, for the caller to raise
     for row, value in ((5, float("nan")), (seq - 1, float("inf"))):

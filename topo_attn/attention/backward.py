@@ -405,7 +405,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         cfg = config["dq"]
         tile0 = q_offset // cfg["BLOCK_M"] * cfg["BLOCK_M"]
         launch(attention_bwd_dq_kernel, (triton.cdiv(seq_len - tile0, cfg["BLOCK_M"]), batch * heads), (
-            q, k, v, do, lse, delta, dq, schedule.offsets, schedule.indices,
+            q, k, v, do, lse, delta, dq, schedule.offsets, schedule.index_buffer,
             scale, scale * LOG2E, seq_len, q_len, q_offset, schedule.first_query_block,
             heads, heads // kv_heads, lane_heads, group, 0 if shared else schedule.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), lse.stride(0), lse.stride(1),
@@ -419,7 +419,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]
         launch(attention_bwd_dkdv_kernel, (triton.cdiv(seq_len, cfg["BLOCK_N"]), batch * kv_heads), (
-            q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, column.offsets, column.indices,
+            q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, column.offsets, column.index_buffer,
             scale, scale * LOG2E, seq_len, q_len, q_offset,
             heads, kv_heads, heads // kv_heads, lane_heads, group, 0 if shared else column.rows_per_lane,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),

@@ -299,7 +299,7 @@ def scheduled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                  Tiles(v, [1, 1, block_n, head_dim]), Tiles(out, [1, 1, block_m, head_dim]))
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     launch(attention_fwd_kernel, grid, (
-        *tiles, lse, schedule.offsets, schedule.indices,
+        *tiles, lse, schedule.offsets, schedule.index_buffer,
         scale * LOG2E,
         seq_len, q_len, q_offset, schedule.first_query_block,
         heads, heads // k.shape[1], lane_heads, group, 0 if schedule.lanes is None else schedule.rows_per_lane,

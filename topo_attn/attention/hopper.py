@@ -403,7 +403,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
     launch(hopper_attention_fwd_kernel, grid, (
         Tiles(q, [1, 1, q_rows, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
         Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(out, [1, 1, q_rows, head_dim], q_layout),
-        lse, schedule.offsets, schedule.indices,
+        lse, schedule.offsets, schedule.index_buffer,
         scale * LOG2E,
         q_len, seq_len - q_len, schedule.first_query_block,
         heads, heads // k.shape[1], lane_heads, group, 0 if schedule.lanes is None else schedule.rows_per_lane,

@@ -175,7 +175,7 @@ def scheduled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sched
     elif decode:
         from . import decode as decoding  # a few queries at the end of the keys: the split-K decode kernel
 
-        out, lse = decoding.scheduled_decode_forward(q, k, v, schedule.offsets, schedule.indices,
+        out, lse = decoding.scheduled_decode_forward(q, k, v, schedule.offsets, schedule.index_buffer,
                                                      schedule.block_size, schedule.first_query_block,
                                                      0 if schedule.lanes is None else schedule.lanes[1], scale,
                                                      return_lse)

@@ -177,7 +177,9 @@ class LayerTiming:
 @dataclass
 class _Backend:
     """A registration: its settings and what it records (the last stats per layer, whether the dense-decode
-    warning was given, a few dense schedules kept for reuse, the timings while they are recorded)."""
+    warning was given, a few dense schedules kept for reuse, the timings while they are recorded). A padded
+    schedule's block count is kept as a device tensor (``stats`` as the field tuples of :class:`LayerStats`,
+    ``totals`` as sums), read back only when :func:`last_stats` or :func:`visited_totals` is called."""
 
     settings: Settings
     stats: dict = field(default_factory=dict)
@@ -296,14 +298,16 @@ def visited_totals(name: str = "topo_attn") -> dict[str, tuple[int, int, int]]:
     calls)`` summed over every layer call under ``name`` since it was (re-)registered: the visited fraction of
     a whole generation. Raises ``KeyError`` for a name never registered."""
     registered(name)
-    return dict(_REGISTRY[name].totals)
+    totals = _REGISTRY[name].totals
+    return {path: (int(scheduled), causal, calls) for path, (scheduled, causal, calls) in totals.items()}
 
 
 def last_stats(name: str = "topo_attn") -> dict[int | None, LayerStats]:
     """Per layer index (``module.layer_idx``), the :class:`LayerStats` of that layer's last call under
     ``name`` (a copy; empty before the first forward). Raises ``KeyError`` for a name never registered."""
     registered(name)
-    return dict(_REGISTRY[name].stats)
+    return {layer: LayerStats(int(scheduled) / causal, int(scheduled), causal, *rest)
+            for layer, (scheduled, causal, *rest) in _REGISTRY[name].stats.items()}
 
 
 def record_timings(name: str = "topo_attn", enabled: bool = True) -> None:
@@ -543,9 +547,10 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
             backend.timings.append((layer_idx, time.perf_counter() - host, *events))
         if dense:  # counted in the backend's blocks, as the sparse layers are
             scheduled = causal = batch * heads * _causal_block_pairs(0, (q_len - 1) // bs)
-        else:
-            counts, per_lane_set = schedule.counts(), batch * heads // schedule.num_lanes
-            scheduled, causal = counts.scheduled_blocks * per_lane_set, counts.causal_blocks * per_lane_set
+        else:  # (a padded schedule's count stays on the device: no host sync)
+            per_lane_set = batch * heads // schedule.num_lanes
+            entries = schedule.entry_count().long() if schedule.padded else schedule.nnz
+            scheduled, causal = entries * per_lane_set, schedule.causal_blocks * per_lane_set
         path = "kernel"
     elif q_len < kv_len and (settings.is_dense(layer_idx) or settings.selector in INCREMENTAL_SELECTORS):
         from ..attention.decode import MAX_DECODE_QUERIES  # triton is imported by now
@@ -576,8 +581,7 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
         path = "dense decode"
     else:
         raise ValueError(f"attn_implementation {name!r}: more queries ({q_len}) than keys ({kv_len})")
-    backend.stats[layer_idx] = LayerStats(scheduled / causal, scheduled, causal, batch * heads, q_len, kv_len, path,
-                                          blocks_read)
+    backend.stats[layer_idx] = (scheduled, causal, batch * heads, q_len, kv_len, path, blocks_read)
     done = backend.totals.get(path, (0, 0, 0))
     backend.totals[path] = (done[0] + scheduled, done[1] + causal, done[2] + 1)
     return out.transpose(1, 2).contiguous(), None

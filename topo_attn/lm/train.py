@@ -285,8 +285,8 @@ def use_attention(model, settings: TrainSettings, name: str = TRAIN_BACKEND) -> 
     gradients of the queries, keys and values. ``tests/lm/test_native.py`` checks this: one selection per layer
     and forward, on the query and key the kernel then receives. ``dense`` runs every causal block through the
     same kernels. Whether a selector's scores wait for the host is its registry flag
-    (``topo_attn.selection.SELECTORS[name].sync_free``): of :data:`ATTENTIONS`, ``topology_22`` reads its entry
-    count back once per layer; no other selector's scores wait."""
+    (``topo_attn.selection.SELECTORS[name].sync_free``): none of :data:`ATTENTIONS` waits (``topology_22``'s
+    schedule is padded, its entry count left on the device)."""
     if settings.attention == "sdpa":
         return None
     from ..integrations import transformers as tat

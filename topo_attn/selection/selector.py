@@ -42,13 +42,13 @@ TokenScores = Callable[..., Scorer]
 class Selector:
     """One selector (module docstring). ``query_aware``: it reads the queries; ``topology_aware``: it reads the
     key blocks' persistence (salience or clusters); ``sync_free``: its whole-sequence selection on a GPU waits
-    for no host sync (``topology_22`` reads its entry count back once); ``host_scores``: its whole-sequence scores
-    are computed on the host or wait for it many times per layer (the oracle's chunked attention, the cluster
-    cuts): slow at long context; ``adds_blocks``: it adds ``budget`` blocks per row (``window`` adds none);
-    ``equal_budget``: every row adds exactly ``min(budget, candidates)`` blocks (``topology_22``, #22's rule,
-    adds fewer); ``static_step``: it chooses a decode step from a static cache's statistics in fixed shapes, reading the
-    length from a device tensor (:func:`~topo_attn.selection.static_step.step_block_table`: one captured graph
-    serves every step)."""
+    for no host sync (``topology_22``'s rows, of no known width, come as a padded schedule); ``host_scores``:
+    its whole-sequence scores are computed on the host or wait for it many times per layer (the oracle's chunked
+    attention, the cluster cuts): slow at long context; ``adds_blocks``: it adds ``budget`` blocks per row
+    (``window`` adds none); ``equal_budget``: every row adds exactly ``min(budget, candidates)`` blocks
+    (``topology_22``, #22's rule, adds fewer); ``static_step``: it chooses a decode step from a static cache's
+    statistics in fixed shapes, reading the length from a device tensor
+    (:func:`~topo_attn.selection.static_step.step_block_table`: one captured graph serves every step)."""
 
     name: str
     description: str

@@ -15,8 +15,9 @@ The path from scores to schedule waits for no host sync: the scores are computed
 on a GPU; float64 on the CPU, the harness's exact reference), each row's best candidates come from one
 ``topk`` (:func:`~topo_attn.selection.topk.top_candidates`), and the CSR from arithmetic on rows of known
 width (:func:`~topo_attn.rule.budget_schedule`); on a GPU one kernel does both for float32 scores
-(:mod:`~topo_attn.selection.budget_rows_kernel`, the same schedule in one launch). Which selectors' scores are
-sync-free too: ``Selector.sync_free``.
+(:mod:`~topo_attn.selection.budget_rows_kernel`, the same schedule in one launch). ``"topology_22"``'s rows have
+no known width: on a GPU its schedule is padded (:attr:`~topo_attn.BlockSchedule.padded`), its entry count left
+on the device. Which selectors' scores are sync-free too: ``Selector.sync_free``.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def select(name: str, q: torch.Tensor, k: torch.Tensor, block_size: int, sinks: 
     seq = q.shape[-2]
     if name == "topology_22":
         keys = k if q.ndim == 2 or not per_query_head else to_groups(k, q.shape[1])
-        return topology_schedule(keys, block_size, window, sinks, budget, q_len=q_len)
+        return topology_schedule(keys, block_size, window, sinks, budget, q_len=q_len, check=False)
     if not selector.adds_blocks:
         budget = 0
     # Quest's kernel skips the tiles after each row's candidates; a strict row reads the row before it

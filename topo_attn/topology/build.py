@@ -193,7 +193,8 @@ def schedule_sources(salience: torch.Tensor, block_size: int, seq_len: int, wind
 
 def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: int, topk: int, *,
                       shared_lane: tuple[int, int] | None = None,
-                      dtype: torch.dtype = torch.float64, q_len: int | None = None) -> BlockSchedule:
+                      dtype: torch.dtype = torch.float64, q_len: int | None = None,
+                      check: bool = True) -> BlockSchedule:
     """Build a causal block schedule from the topology of the key blocks.
 
     keys: ``[S, D]`` gives a shared schedule; ``[B, H, S, D]`` gives one schedule per lane, or, with
@@ -213,12 +214,20 @@ def topology_schedule(keys: torch.Tensor, block_size: int, window: int, sinks: i
     exactly the CPU path's schedules; float32 is faster on GPUs and gives the same schedules unless key
     blocks nearly tie (see :func:`block_salience`). The CPU path always computes in float64. Keys that
     require grad are detached: the schedule carries no gradient. ``q_len``: the rows of the last ``q_len``
-    queries only (:meth:`BlockSchedule.for_queries`; chunked prefill), the salience still over every key block."""
-    schedule = _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype)
+    queries only (:meth:`BlockSchedule.for_queries`; chunked prefill, which reads the entry count back), the
+    salience still over every key block.
+
+    ``check=False`` (for keys the caller trusts, such as a model's own: the selectors' path) makes the GPU build
+    wait for nothing: the keys' finiteness is not read back (NaN or Inf keys give meaningless rows, in bounds)
+    and the schedule is *padded* (:attr:`BlockSchedule.padded`: its indices are read from a buffer of the most
+    entries the rule can give, the exact count known on the device only). The CPU path checks all the same."""
+    schedule = _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype, check)
     return schedule if q_len is None else schedule.for_queries(q_len)
 
 
-def _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype) -> BlockSchedule:
+def _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype, check) -> BlockSchedule:
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False, got {type(check).__name__}")
     keys = check_keys(keys, finite=False)  # the centroids of the lanes used are checked below
     block_size = check_int("block_size", block_size, 1)
     window, sinks, topk = check_int("window", window), check_int("sinks", sinks), check_int("topk", topk)
@@ -243,7 +252,10 @@ def _topology_schedule(keys, block_size, window, sinks, topk, shared_lane, dtype
         # the entry count (the kernels stay in bounds on any input; they only read the keys, so
         # keys that require grad need no detached view)
         flat = keys if keys.ndim == 3 else keys.reshape(-1, seq, keys.shape[-1])
-        offsets, indices, finite = build_rows(flat, block_size, dtype, *clamp_to_blocks(nb, topk, sinks, window))
+        offsets, indices, finite = build_rows(flat, block_size, dtype, *clamp_to_blocks(nb, topk, sinks, window),
+                                              read_status_back=check)
+        if not check:
+            return BlockSchedule.unchecked(offsets, indices, block_size, seq, lanes, padded=True)
         raise_unless_finite("keys", finite)
         return BlockSchedule.unchecked(offsets, indices, block_size, seq, lanes)
     keys = (keys[0] if keys.ndim == 3 else keys).detach()  # (a shared lane: [S, D])

@@ -1,5 +1,5 @@
 """The GPU build of a topology schedule, keys to CSR rows, replayed from a CUDA graph; the host waits only for
-the entry count.
+the entry count, or (a padded schedule's build, :func:`build_rows` with ``read_status_back=False``) for nothing.
 
 Stages, all on the keys' device: block centroids (:mod:`.centroids`), their finiteness flag, saliences
 (:mod:`.salience`) and the rule's rows (:mod:`.rows`). All of them are captured once per (device,
@@ -224,10 +224,12 @@ def read_status(graph, spins: int) -> tuple[int, int]:
 
 
 def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: int, sinks: int, window: int,
-               use_graph: bool = True, status_spins: int = STATUS_SPINS) -> tuple[torch.Tensor, torch.Tensor, bool]:
+               use_graph: bool = True, status_spins: int = STATUS_SPINS, read_status_back: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor, bool | None]:
     """CSR rows of the topology rule for keys on the GPU: centroids, saliences and the rule's rows, with one
-    wait for the entry count. On a CUDA device the launches are captured once per (device, stream, keys' shape,
-    strides and dtype, ``dtype``, rule) and replayed (up to :data:`GRAPH_MAX_BYTES` of distance scratch).
+    wait for the entry count (none with ``read_status_back=False``). On a CUDA device the launches are captured
+    once per (device, stream, keys' shape, strides and dtype, ``dtype``, rule) and replayed (up to
+    :data:`GRAPH_MAX_BYTES` of distance scratch).
 
     Arguments:
         keys: ``[L, S, D]``, any float dtype and strides, on a CUDA device or (Triton's interpreter, launch by
@@ -241,6 +243,9 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         status_spins: how many times the host polls a replay's status before a stream sync
             (:func:`read_status`); returned rows may then still be being written, ordered on the current stream
             like any CUDA result.
+        read_status_back: wait for the entry count and the finiteness flag (True), or return at once (False):
+            the indices are then the whole buffer of :func:`.rows.rule_bound` entries per lane, of which the first
+            ``offsets[-1]`` are the rows (a padded schedule's buffer), and ``finite`` is None (not checked).
 
     Returns:
         ``(offsets, indices, finite)``: int32 ``[L * n + 1]`` and ``[offsets[-1]]`` on the keys' device, and
@@ -268,10 +273,14 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         graph.graph.replay()
         graph.next_rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         offsets, tail = split_rows(rows, lanes * n)
+        if not read_status_back:
+            return offsets, tail, None
         total, finite = read_status(graph, status_spins)
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)
         offsets, tail = split_rows(rows, lanes * n)
+        if not read_status_back:
+            return offsets, tail, None
         total, finite = status.tolist()
     return offsets, tail[:total], bool(finite)
 

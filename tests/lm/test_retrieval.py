@@ -338,6 +338,34 @@ def test_probes_score_as_passkeys():
     assert not any(r["exact"] for r in passkey_scores(Oracle(False), probes))
 
 
+def test_scores_split_finding_a_value_from_copying_it():
+    """A probe's lookups are the first byte of each value of its answer (each of multi_value's values); a
+    stand-in model that knows every next byte except where a word starts finds none of them and copies every
+    other byte, so no answer is exact; the counts add up to the answer."""
+    class CopiesOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, ids):
+            word = torch.tensor([chr(c).isalnum() or c == ord("_") for c in range(256)])[ids]
+            start = torch.roll(word, -1, dims=1) & ~word  # the next byte starts a word: predict byte 0 there
+            nxt = torch.where(start, torch.zeros_like(ids), torch.roll(ids, -1, dims=1))
+            return type("Out", (), {"logits": torch.nn.functional.one_hot(nxt, 256).float()})()
+
+    filler = synthetic_filler(np.random.default_rng(9), 400)
+    probes = [retrieval.TASKS[t](filler, 900, 2048, s, **options(t)) for s, t in enumerate(retrieval.TASKS)]
+    for probe in probes:
+        values = probe.answer.replace(b",", b" ").replace(b'"', b" ").split()
+        assert len(probe.lookups) == len(values), (probe.task, probe.answer)
+        assert all(probe.answer[i:].startswith(v) for i, v in zip(probe.lookups, values))
+    counts = [len(p.lookups) for p in probes]
+    assert counts[list(retrieval.TASKS).index("multi_value")] == options("multi_value").get("values", 4)
+    for probe, row in zip(probes, passkey_scores(CopiesOnly(), probes)):
+        assert not row["exact"] and row["lookups_right"] == 0 and row["lookups"] == len(probe.lookups)
+        assert row["copies_right"] == row["copies"] == len(probe.answer) - len(probe.lookups)
+
+
 @pytest.mark.parametrize("call, error, name", [
     (lambda f: retrieval.multi_key(f, 4096, 4096, 0), ValueError, "distance"),
     (lambda f: retrieval.multi_key(f, 4085, 4096, 0), ValueError, "distance"),

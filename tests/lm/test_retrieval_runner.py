@@ -88,6 +88,7 @@ def test_header_and_rows(run):
         assert 0 <= r["ci_low"] and r["ci_high"] <= 1
         assert r["selector"] == (None if r["attention"] in ("sdpa", "dense") else r["attention"])
         assert ("minus_dense" in r) == (r["selector"] is not None)
+        assert 0 <= r["lookup_accuracy"] <= 1 and 0 <= r["copy_accuracy"] <= 1
     dense = {r["task"]: r["accuracy"] for r in rows if r["attention"] == "dense"}
     for r in rows:
         assert r["dense_reaches_90"] == (dense[r["task"]] >= 0.9)
@@ -119,7 +120,8 @@ def test_a_scorer_that_always_answers_right_gives_accuracy_1(setup, monkeypatch)
 
     def always_right(model, probes, batch=1):
         calls.append(len(probes))
-        return [dict(distance=p.distance, loss=0.0, exact=True) for p in probes]
+        return [dict(distance=p.distance, loss=0.0, exact=True, lookups=2, lookups_right=2, copies=5, copies_right=5)
+                for p in probes]
 
     monkeypatch.setattr(retrieval_runner, "passkey_scores", always_right)
     out = setup / "right.json"
@@ -129,6 +131,7 @@ def test_a_scorer_that_always_answers_right_gives_accuracy_1(setup, monkeypatch)
     assert result["dense_gate"] == dict(threshold=0.9, passed=True, failing=[], formats="held_out")
     for r in result["rows"]:
         assert r["accuracy"] == 1 and r["n"] == PROBES and r["ci_high"] == 1 and r["dense_reaches_90"]
+        assert r["lookup_accuracy"] == r["copy_accuracy"] == 1
         assert r.get("minus_dense", 0) == 0
 
 
@@ -141,7 +144,8 @@ def test_a_run_stopped_midway_keeps_what_it_measured(setup, monkeypatch):
         calls.append(len(probes))
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return [dict(distance=p.distance, loss=0.0, exact=i % 2 == 0) for i, p in enumerate(probes)]
+        return [dict(distance=p.distance, loss=0.0, exact=i % 2 == 0, lookups=1, lookups_right=i % 2, copies=3,
+                     copies_right=3) for i, p in enumerate(probes)]
 
     monkeypatch.setattr(retrieval_runner, "passkey_scores", stops_at_the_third)
     out = setup / "stopped.json"
@@ -152,6 +156,7 @@ def test_a_run_stopped_midway_keeps_what_it_measured(setup, monkeypatch):
     assert result["missing"] == [list(c) for c in CONFIGS[2:]]
     assert {(r["attention"], r["budget"]) for r in result["rows"]} == set(CONFIGS[:2])
     assert all(r["n"] == PROBES for r in result["rows"])
+    assert all(r["copy_accuracy"] == 1 and 0 < r["lookup_accuracy"] < 1 for r in result["rows"])
 
 
 def test_a_full_run_is_complete(run):

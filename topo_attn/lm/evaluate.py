@@ -68,9 +68,12 @@ def bits_per_byte(losses: torch.Tensor, buckets: Sequence[tuple[int, int | None]
 
 
 def passkey_scores(model, probes: Sequence[Passkey], batch: int = 1) -> list[dict]:
-    """Per probe (in order): ``distance``, ``loss`` (mean nats per byte of the repeated value) and ``exact``
+    """Per probe (in order): ``distance``, ``loss`` (mean nats per byte of the repeated value), ``exact``
     (every byte of the value is the model's most likely next byte given the true bytes before it: what greedy
-    decoding from the line's prefix would reproduce). Probes of equal length run ``batch`` per forward."""
+    decoding from the line's prefix would reproduce), and that prediction split into finding and copying:
+    ``lookups`` and ``lookups_right`` (the answer bytes that start a value, :attr:`Passkey.lookups`, and how many
+    of them are right), ``copies`` and ``copies_right`` (the other bytes). Probes of equal length run ``batch``
+    per forward."""
     device = next(model.parameters()).device
     rows = []
     with torch.no_grad():
@@ -84,6 +87,10 @@ def passkey_scores(model, probes: Sequence[Passkey], batch: int = 1) -> list[dic
                 targets = torch.from_numpy(probe.targets).to(device)
                 predicted = logits[row, targets - 1]
                 loss = torch.nn.functional.cross_entropy(predicted, ids[row, targets])
-                exact = bool((predicted.argmax(-1) == ids[row, targets]).all())
-                rows.append(dict(distance=probe.distance, loss=float(loss), exact=exact))
+                right = (predicted.argmax(-1) == ids[row, targets]).cpu().numpy()
+                lookup = np.zeros(len(right), bool)
+                lookup[probe.lookups] = True
+                rows.append(dict(distance=probe.distance, loss=float(loss), exact=bool(right.all()),
+                                 lookups=int(lookup.sum()), lookups_right=int(right[lookup].sum()),
+                                 copies=int((~lookup).sum()), copies_right=int(right[~lookup].sum())))
     return rows

@@ -194,7 +194,8 @@ def suite_fields(model, probes: list, attention: str, budget: int | None, args: 
 
     if not probes or retrieval_runner.suite_granularity(attention) is None:
         return dict(retrieval_suite=None, retrieval_suite_accuracy=None)
-    correct = retrieval_runner.score_probes(model, probes, attention, budget, args, args.eval_batch)
+    correct = [bool(r["exact"]) for r in retrieval_runner.score_probes(model, probes, attention, budget, args,
+                                                                        args.eval_batch)]
     cells = [dict(task=task, distance=distance, **retrieval_runner.cell_accuracy([correct[i] for i in at]))
              for (task, distance), at in retrieval_runner.cells(probes).items()]
     return dict(retrieval_suite=cells, retrieval_suite_accuracy=sum(correct) / len(correct))

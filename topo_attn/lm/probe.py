@@ -42,6 +42,17 @@ class Passkey:
     targets: np.ndarray
     distance: int
 
+    @property
+    def lookups(self) -> np.ndarray:
+        """``int64``: the answer bytes (indices into ``targets``) that start a value, which the model must find
+        by its key rather than continue from the byte before: the first byte of each alphanumeric run of the
+        answer (the value's first byte here; each value's in ``multi_value``). The others are copies."""
+        answer = self.ids[self.targets]
+        word = np.isin(answer, np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_",
+                                             np.uint8))
+        starts = word & ~np.concatenate([[False], word[:-1]])
+        return np.flatnonzero(starts if starts.any() else np.arange(len(answer)) == 0).astype(np.int64)
+
 
 def passkey_document(document: np.ndarray, distance: int, rng: np.random.Generator, value_len: int = 16,
                      tail: int = 32) -> Passkey:

@@ -24,7 +24,10 @@ probes of the cell), ``ci_low`` and ``ci_high`` (the 95% percentile bootstrap in
 the one to quote for such cells), ``dense_reaches_90`` (whether ``dense`` answers at least 90% of this task
 and distance: the issue's condition before selectors are compared) and, for selectors, ``minus_dense``,
 ``minus_dense_low``, ``minus_dense_high`` (the accuracy minus dense's on the same probes, with its 95% paired
-bootstrap interval, :func:`~topo_attn.lm.intervals.paired_difference`). ``dense_gate`` sums the condition up.
+bootstrap interval, :func:`~topo_attn.lm.intervals.paired_difference`). ``lookup_accuracy`` and
+``copy_accuracy`` split a miss: the fraction of the cell's answer bytes that start a value (found by its key,
+:attr:`~topo_attn.lm.probe.Passkey.lookups`) and of the other answer bytes (continued from the byte before)
+that the model predicts right. ``dense_gate`` sums the condition up.
 Written as JSON after every configuration from ``dense`` on (``complete``: whether all of them ran, ``missing``:
 the others), so a run stopped by a time limit keeps what it measured (``--out``;
 ``data/benchmarks/lm_retrieval_<gpu>.json``), with the GPU, versions, command and commit;
@@ -140,10 +143,11 @@ def suite_granularity(attention: str) -> str | None:
 
 
 def score_probes(model, probes: list, attention: str, budget: int | None, args: argparse.Namespace,
-                 batch: int) -> list[bool]:
-    """Whether ``model`` answers each of ``probes`` exactly (:func:`~topo_attn.lm.evaluate.passkey_scores`)
-    under ``attention`` at ``budget``, at its :func:`suite_granularity` (``args``: the rule's ``block_size``,
-    ``sinks``, ``window``). Raises ``ValueError`` for an attention the suite cannot score without look-ahead."""
+                 batch: int) -> list[dict]:
+    """:func:`~topo_attn.lm.evaluate.passkey_scores` of ``model`` on each of ``probes`` (``exact``: whether it
+    answers exactly; the lookup and copy counts) under ``attention`` at ``budget``, at its
+    :func:`suite_granularity` (``args``: the rule's ``block_size``, ``sinks``, ``window``). Raises ``ValueError``
+    for an attention the suite cannot score without look-ahead."""
     granularity = suite_granularity(attention)
     if granularity is None:
         raise ValueError(f"the retrieval suite cannot score {attention!r} without look-ahead (expected sdpa, "
@@ -151,7 +155,7 @@ def score_probes(model, probes: list, attention: str, budget: int | None, args: 
     settings = argparse.Namespace(block_size=args.block_size, sinks=args.sinks, window=args.window,
                                   granularity=granularity, strict=False, per_query_head=False, dense_layers=[])
     use_attention(model, attention, budget, settings)
-    return [bool(r["exact"]) for r in passkey_scores(model, probes, batch=batch)]
+    return passkey_scores(model, probes, batch=batch)
 
 
 def cells(probes: list) -> dict[tuple[str, int], list[int]]:
@@ -170,9 +174,21 @@ def cell_accuracy(correct: list[bool]) -> dict:
                 wilson_low=wilson.ci_low, wilson_high=wilson.ci_high)
 
 
-def cell_rows(probes: list, outcomes: dict[tuple[str, int | None], list[bool]]) -> list[dict]:
+def byte_accuracy(scores: list[dict]) -> dict:
+    """``lookup_accuracy`` and ``copy_accuracy`` (NaN without such bytes) over probes' scores
+    (:func:`~topo_attn.lm.evaluate.passkey_scores` rows)."""
+    def share(right: str, total: str) -> float:
+        count = sum(s[total] for s in scores)
+        return sum(s[right] for s in scores) / count if count else float("nan")
+
+    return dict(lookup_accuracy=share("lookups_right", "lookups"), copy_accuracy=share("copies_right", "copies"))
+
+
+def cell_rows(probes: list, outcomes: dict[tuple[str, int | None], list[bool]],
+              scores: dict[tuple[str, int | None], list[dict]] | None = None) -> list[dict]:
     """The rows of the module docstring from per-probe outcomes: ``outcomes[(attention, budget)]`` holds one bool
-    per probe of ``probes`` (in order); ``("dense", None)`` must be among them."""
+    per probe of ``probes`` (in order); ``("dense", None)`` must be among them. ``scores``: the same keys'
+    :func:`score_probes` rows, for the lookup and copy accuracies (left out of the rows when None)."""
     dense = outcomes[("dense", None)]
     rows = []
     for (attention, budget), correct in outcomes.items():
@@ -182,6 +198,8 @@ def cell_rows(probes: list, outcomes: dict[tuple[str, int | None], list[bool]]) 
             row = dict(task=task, distance=distance, attention=attention,
                        selector=None if attention in ("sdpa", "dense") else attention, budget=budget,
                        **cell_accuracy(mine), dense_reaches_90=bool(np.mean(theirs) >= DENSE_THRESHOLD))
+            if scores is not None and (attention, budget) in scores:
+                row.update(byte_accuracy([scores[(attention, budget)][i] for i in at]))
             if row["selector"] is not None:
                 diff = intervals.paired_difference(mine, theirs)
                 row.update(minus_dense=diff.difference, minus_dense_low=diff.ci_low, minus_dense_high=diff.ci_high)
@@ -225,22 +243,23 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
         scoring="exact match of the answer under greedy prediction (topo_attn.lm.evaluate.passkey_scores), "
                 "selectors per token (topo_attn.lm.token_attention): no look-ahead",
         interval=INTERVAL)
-    outcomes = {}
+    scores = {}
     for attention, budget in tqdm(configs, desc="retrieval", disable=not cli.progress_enabled(args.progress)):
-        outcomes[(attention, budget)] = score_probes(model, probes, attention, budget, args, args.batch)
-        if args.out and ("dense", None) in outcomes:  # what ran so far survives a time limit
-            write_result(args.out, header, probes, outcomes, configs, started)
+        scores[(attention, budget)] = score_probes(model, probes, attention, budget, args, args.batch)
+        if args.out and ("dense", None) in scores:  # what ran so far survives a time limit
+            write_result(args.out, header, probes, scores, configs, started)
     model.set_attn_implementation("sdpa")
-    return write_result(args.out, header, probes, outcomes, configs, started)
+    return write_result(args.out, header, probes, scores, configs, started)
 
 
-def write_result(out: str | None, header: dict, probes: list, outcomes: dict, configs: list,
+def write_result(out: str | None, header: dict, probes: list, scores: dict, configs: list,
                  started: float) -> dict:
-    """The result of the module docstring from the outcomes so far (``outcomes``: ``("dense", None)`` among
-    them), written to ``out`` when given; ``complete`` says whether every configuration of ``configs`` ran
-    (``missing`` lists the others as ``[attention, budget]``)."""
-    rows = cell_rows(probes, outcomes)
-    missing = [list(c) for c in configs if c not in outcomes]
+    """The result of the module docstring from the :func:`score_probes` rows so far (``scores``, per
+    configuration: ``("dense", None)`` among them), written to ``out`` when given; ``complete`` says whether every
+    configuration of ``configs`` ran (``missing`` lists the others as ``[attention, budget]``)."""
+    outcomes = {config: [bool(r["exact"]) for r in rows] for config, rows in scores.items()}
+    rows = cell_rows(probes, outcomes, scores)
+    missing = [list(c) for c in configs if c not in scores]
     gate = dict(dense_gate(rows), formats=header["format_kind"])  # the issue's gate counts held-out formats only
     result = dict(header, complete=not missing, missing=missing, dense_gate=gate, rows=rows,
                   seconds=time.perf_counter() - started)
@@ -250,7 +269,8 @@ def write_result(out: str | None, header: dict, probes: list, outcomes: dict, co
 
 
 def markdown(result: dict) -> str:
-    """Per task and configuration, the accuracy per distance with its bootstrap interval."""
+    """Per task and configuration, the accuracy per distance with its bootstrap interval; dense's lookup and copy
+    accuracies per cell."""
     distances = sorted({r["distance"] for r in result["rows"]})
     head = ["task", "attention", "budget", *[f"@{d}" for d in distances]]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -262,6 +282,10 @@ def markdown(result: dict) -> str:
             r = cells.get((task, attention, budget, d))
             out.append("" if r is None else intervals.accuracy_text(r))
         lines.append("| " + " | ".join(out) + " |")
+    split = [r for r in result["rows"] if r["attention"] == "dense" and "lookup_accuracy" in r]
+    if split:
+        lines.append("\ndense, answer bytes right, finding a value / copying it: " + "; ".join(
+            f"{r['task']} @{r['distance']} {r['lookup_accuracy']:.0%} / {r['copy_accuracy']:.0%}" for r in split))
     gate = result["dense_gate"]
     diagnostic = " (training formats: a diagnostic, not the gate)" if gate.get("formats") == "training" else ""
     lines.append(f"\ndense reaches {gate['threshold']:.0%} on every task and distance: "

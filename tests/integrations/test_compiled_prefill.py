@@ -147,6 +147,32 @@ def test_the_op_selects_without_cached_graphs_and_defaults_its_scale(device, mon
     assert cached_graphs_allowed()
 
 
+def test_the_op_keeps_no_dense_schedule(device, monkeypatch):
+    """A dense layer's schedule is kept for reuse by eager calls, but the op neither keeps one (under
+    reduce-overhead it would live in the compiled function's graph pool past the call) nor needs one kept: it
+    uses a kept one if there is one, else builds it each call; its output equals the eager call's."""
+    built = []
+    real = tat.dense_causal_schedule
+
+    def counting(*args, **kwargs):
+        built.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tat, "dense_causal_schedule", counting)
+    name = tat.register(selector="dense", block_size=BLOCK, name="topo_op_dense")
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 80, h, 16, generator=gen).to(device).transpose(1, 2) for h in (4, 2, 2))
+    ops = [torch.ops.topo_attn.backend_prefill(q, k, v, name, 0, 0.25) for _ in range(2)]
+    assert len(built) == 2  # built afresh each time, nothing kept
+    module = type("Layer", (), {"layer_idx": 0, "is_causal": True})()
+    eager = [_eager_call(name, module, q, k, v)[0] for _ in range(2)]
+    assert len(built) == 3  # the eager call keeps the one it built
+    torch.ops.topo_attn.backend_prefill(q, k, v, name, 0, 0.25)
+    assert len(built) == 3  # and the op reuses it
+    for out in ops:
+        torch.testing.assert_close(out.transpose(1, 2), eager[0], atol=0, rtol=0)
+
+
 @pytest.mark.cuda
 def test_reduce_overhead_replays_dense_then_topology_then_centroid():
     """Compiled with CUDA graphs (``mode="reduce-overhead"``), one forward after another as the model suite runs

@@ -359,11 +359,14 @@ def dense_block_size(settings: Settings) -> int:
 
 
 def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len: int | None = None,
-                    block_size: int | None = None) -> BlockSchedule:
+                    block_size: int | None = None, keep: bool = True) -> BlockSchedule:
     """The dense causal schedule for ``seq_len`` keys (and ``q_len`` queries at the end) on ``device``, in
-    blocks of ``block_size`` (default the backend's), kept for reuse (a few per backend)."""
+    blocks of ``block_size`` (default the backend's), kept for reuse (a few per backend; ``keep=False``: a kept
+    one or a new one that is not kept)."""
     block_size = block_size or backend.settings.block_size
     key = (seq_len, q_len, str(device), block_size)
+    if not keep:
+        return backend.dense_schedules.get(key) or dense_causal_schedule(seq_len, block_size, device, q_len)
     schedule = backend.dense_schedules.get(key)
     if schedule is None:
         if len(backend.dense_schedules) >= _DENSE_CACHE_SIZE:
@@ -373,12 +376,13 @@ def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len
 
 
 def _whole_sequence_schedule(backend: _Backend, layer_idx: int | None, query: torch.Tensor, key: torch.Tensor,
-                             scale: float | None) -> BlockSchedule:
+                             scale: float | None, keep: bool = True) -> BlockSchedule:
     """The schedule of a whole-sequence call (``q_len == kv_len``): a dense layer's every causal block on the
-    faster tiles (:func:`dense_block_size`, kept for reuse), else :func:`schedule_for`."""
+    faster tiles (:func:`dense_block_size`, kept for reuse unless ``keep`` is False), else :func:`schedule_for`."""
     settings = backend.settings
     if settings.is_dense(layer_idx):
-        return _dense_schedule(backend, query.shape[-2], query.device, block_size=dense_block_size(settings))
+        return _dense_schedule(backend, query.shape[-2], query.device, block_size=dense_block_size(settings),
+                               keep=keep)
     return schedule_for(settings, layer_idx, query, key, scale)
 
 
@@ -483,14 +487,16 @@ def backend_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     traces a model's prefill without a graph break and its CUDA graphs replay the whole call (no host time per
     layer). Returns ``[B, Hq, S, D]`` laid out like ``torch.empty_like(query)``. Records no :func:`last_stats`
     entry (the statistics live on the host); no gradient. Trusts its inputs (checked by the attention function;
-    only sync-free schedules reach it). The topology kernels launch one by one here
-    (:func:`~topo_attn.topology.gpu.graph.no_cached_graphs`): under ``mode="reduce-overhead"`` the op runs in the
-    compiled function's graph pool, where a cached graph's buffers would outlive the call."""
+    only sync-free schedules reach it). Nothing allocated here is kept: the topology kernels launch one by one
+    (:func:`~topo_attn.topology.gpu.graph.no_cached_graphs`) and a dense schedule not yet kept is built afresh and
+    not kept. Under ``mode="reduce-overhead"`` the op runs in the compiled function's graph pool, where a kept
+    buffer would outlive the call (cudagraph trees refuse that: "tensors in the cudagraph pool not tracked as
+    outputs")."""
     from ..topology.gpu.graph import no_cached_graphs
 
     with no_cached_graphs():  # run inside torch.compile's CUDA graphs: no buffer of a graph cached here
         schedule = _whole_sequence_schedule(_REGISTRY[name], None if layer_idx < 0 else layer_idx, query, key,
-                                            scale)
+                                            scale, keep=False)
     return scheduled_attention(query, key, value, schedule, scale=scale)
 
 

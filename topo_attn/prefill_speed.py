@@ -74,11 +74,29 @@ def calls_median_ms(fn: Callable[[], object], warmup: int = 1, repeats: int = 5)
     return statistics.median(times)
 
 
-def no_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """The floor's attention function: each query head's output is its key/value head's values
-    (``[B, L, H, D]``), as cheap as an attention can be while the rest of the model runs unchanged."""
+@torch.library.custom_op("topo_attn::no_attention", mutates_args=())
+def no_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The custom op ``torch.ops.topo_attn.no_attention``: for ``query [B, H, L, D]`` and ``key, value
+    [B, H_kv, S, D]`` (``L <= S``), each query head's output is the first ``L`` values of its key/value head,
+    ``[B, L, H, D]`` contiguous. Opaque to ``torch.compile``, and it takes the query and the key, so a compiled
+    floor still computes them: with an attention function that ignored them, the compiler drops the query and
+    key projections and the rotary embedding as dead code, and the floor then misses work that every attention
+    row does (at 32k on a 1B-shaped Llama, about a third of a compiled sparse row's attention time)."""
     group = query.shape[1] // value.shape[1]
-    return value.repeat_interleave(group, dim=1).transpose(1, 2).contiguous(), None
+    return value[:, :, :query.shape[2]].repeat_interleave(group, dim=1).transpose(1, 2).contiguous()
+
+
+@no_attention_op.register_fake
+def _no_attention_fake(query, key, value):
+    batch, heads, length, _ = query.shape
+    return value.new_empty(batch, length, heads, value.shape[-1])
+
+
+def no_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The floor's attention function (:func:`no_attention_op`): each query head's output is its key/value head's
+    values (``[B, L, H, D]``), as cheap as an attention can be while the rest of the model runs unchanged,
+    compiled or not."""
+    return no_attention_op(query, key, value), None
 
 
 def idle_call_us(fn: Callable[[], object], calls: int = 5) -> float:

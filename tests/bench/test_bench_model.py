@@ -275,3 +275,39 @@ def test_idle_call_us_times_each_call_to_its_return():
 
     us = idle_call_us(fn, calls=5)
     assert len(calls) == 5 and 2000 <= us < 1e6
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # functorch.compile's import path
+@pytest.mark.parametrize("length", [4, 3])
+def test_a_compiled_floor_keeps_the_query_and_key_projections(length):
+    """The floor's attention takes the query and the key into an opaque op, so the compiler cannot drop their
+    projections as dead code (an attention function that ignored them lost two of the three matmuls of this
+    layer once AOT autograd had traced it); it returns each query head's first ``length`` values, compiled or
+    not. (The generate suite's decode floor is the same op, with fewer queries than keys.)"""
+    from functorch.compile import aot_module_simplified, make_boxed_func
+
+    from topo_attn.prefill_speed import no_attention
+
+    graphs = []
+
+    def backend(gm, inputs):
+        def keep(graph, _):
+            graphs.append(graph)
+            return make_boxed_func(graph.forward)
+        return aot_module_simplified(gm, inputs, fw_compiler=keep)
+
+    gen = torch.Generator().manual_seed(5)
+    wq, wk, wv = torch.randn(8, 8, generator=gen), torch.randn(8, 4, generator=gen), torch.randn(8, 4, generator=gen)
+
+    def layer(x):  # 2 query heads over 1 key/value head of 4 features, 4 keys
+        q = (x[:, -length:] @ wq).view(1, length, 2, 4).transpose(1, 2)
+        k, v = ((x @ w).view(1, 4, 1, 4).transpose(1, 2) for w in (wk, wv))
+        return no_attention(None, q, k, v, None)[0]
+
+    x = torch.randn(1, 4, 8, generator=gen)
+    with torch.no_grad():
+        got = torch.compile(layer, backend=backend, fullgraph=True)(x)
+    assert sum("mm" in str(node.target) for node in graphs[0].graph.nodes) == 3
+    want = (x @ wv)[:, :length, None, :].expand(1, length, 2, 4)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(layer(x), want, atol=0, rtol=0)

@@ -40,6 +40,7 @@ from functools import partial
 
 import torch
 
+from ..prefill_speed import no_attention_op
 from .decode import peak_tbps_for
 from .model import build_model
 from .table import markdown_header, shown
@@ -83,10 +84,10 @@ def rewind(cache, context: int, block_sizes: tuple[int, ...] = (), salience: boo
 
 def no_attention_step(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The floor's attention function over a static cache (:data:`NO_ATTENTION`): each query head's output is
-    the first ``L`` slots of its key/value head's values (``[B, L, H, D]``), so the step costs what the model
-    costs without attention."""
-    group = query.shape[1] // value.shape[1]
-    return value[:, :, :query.shape[2]].repeat_interleave(group, dim=1).transpose(1, 2).contiguous(), None
+    the first ``L`` slots of its key/value head's values (``[B, L, H, D]``,
+    :func:`topo_attn.prefill_speed.no_attention_op`, which the compiled step cannot drop the query for), so the
+    step costs what the model costs without attention."""
+    return no_attention_op(query, key, value), None
 
 
 def _wait(device: torch.device) -> None:

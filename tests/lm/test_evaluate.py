@@ -138,7 +138,7 @@ def probes() -> list[probe.Passkey]:
     return found
 
 
-def manual_passkey(model, key: probe.Passkey) -> tuple[float, bool]:
+def manual_passkey(model, key: probe.Passkey) -> tuple[float, bool, list[bool]]:
     ids = torch.from_numpy(key.ids.astype(np.int64))[None]
     with torch.no_grad():
         logits = model(ids).logits[0].double()
@@ -146,17 +146,22 @@ def manual_passkey(model, key: probe.Passkey) -> tuple[float, bool]:
     log_p = torch.log_softmax(logits, dim=-1)
     true = ids[0, targets]
     loss = float(-log_p[targets - 1, true].mean())
-    exact = all(int(logits[t - 1].argmax()) == int(ids[0, t]) for t in key.targets)
-    return loss, exact
+    right = [int(logits[t - 1].argmax()) == int(ids[0, t]) for t in key.targets]
+    return loss, all(right), right
 
 
 def test_passkey_scores_equal_a_manual_cross_entropy(model, probes):
+    """Loss, exact match, and the right answer bytes split into a passkey's one lookup (its value's first byte)
+    and its copies, each against a manual computation."""
     rows = evaluate.passkey_scores(model, probes)
     assert len(rows) == len(probes) and [r["distance"] for r in rows] == [p.distance for p in probes]
     for row, key in zip(rows, probes):
-        loss, exact = manual_passkey(model, key)
-        assert set(row) == {"distance", "loss", "exact"} and isinstance(row["exact"], bool)
+        loss, exact, right = manual_passkey(model, key)
+        assert set(row) == {"distance", "loss", "exact", "lookups", "lookups_right", "copies", "copies_right"}
+        assert isinstance(row["exact"], bool)
         assert row["loss"] == pytest.approx(loss, rel=1e-5) and row["exact"] == exact
+        assert list(key.lookups) == [0] and (row["lookups"], row["copies"]) == (1, len(right) - 1)
+        assert (row["lookups_right"], row["copies_right"]) == (int(right[0]), sum(right[1:]))
     assert len({round(r["loss"], 4) for r in rows}) == len(rows)  # every probe scored on its own bytes
 
 
@@ -214,7 +219,7 @@ def test_passkey_not_exact_when_the_model_copies_from_one_byte_off(probes):
         rows = evaluate.passkey_scores(Copier(distance), probes[:2])
         assert not any(r["exact"] for r in rows) and all(r["loss"] > 1.0 for r in rows)
         for row, key in zip(rows, probes[:2]):
-            loss, exact = manual_passkey(Copier(distance), key)
+            loss, exact, _ = manual_passkey(Copier(distance), key)
             assert row["loss"] == pytest.approx(loss, rel=1e-5) and row["exact"] == exact
 
 

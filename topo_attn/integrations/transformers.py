@@ -365,13 +365,13 @@ def _dense_schedule(backend: _Backend, seq_len: int, device: torch.device, q_len
     one or a new one that is not kept)."""
     block_size = block_size or backend.settings.block_size
     key = (seq_len, q_len, str(device), block_size)
-    if not keep:
-        return backend.dense_schedules.get(key) or dense_causal_schedule(seq_len, block_size, device, q_len)
     schedule = backend.dense_schedules.get(key)
     if schedule is None:
-        if len(backend.dense_schedules) >= _DENSE_CACHE_SIZE:
-            backend.dense_schedules.pop(next(iter(backend.dense_schedules)))
-        schedule = backend.dense_schedules[key] = dense_causal_schedule(seq_len, block_size, device, q_len)
+        schedule = dense_causal_schedule(seq_len, block_size, device, q_len)
+        if keep:
+            if len(backend.dense_schedules) >= _DENSE_CACHE_SIZE:
+                backend.dense_schedules.pop(next(iter(backend.dense_schedules)))
+            backend.dense_schedules[key] = schedule
     return schedule
 
 

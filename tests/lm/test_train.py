@@ -111,6 +111,10 @@ def test_run_log_and_summary(trained):
     for r in steps:
         assert math.isfinite(r["bits_per_byte"]) and 0 < r["bits_per_byte"] < 12  # ~8 bits at random init
         assert r["lr"] == pytest.approx(train.learning_rate(r["step"], SETTINGS))
+        # the copy content's lookup bytes since the last log: their count, and their loss where there are some
+        assert r["lookup_bytes"] >= 0 and (r["lookup_bits"] is None) == (r["lookup_bytes"] == 0)
+        assert r["lookup_bits"] is None or 0 < r["lookup_bits"] < 20
+    assert sum(r["lookup_bytes"] for r in steps) > 0
     validations = [r for r in log if r["event"] == "validation"]
     assert [r["step"] for r in validations] == [2, 3]  # eval_every=2, then the final one after 3 steps
     assert all(set(r["bits_per_byte"]) == {"all", "0-1k"} for r in validations)
@@ -211,8 +215,8 @@ def test_init_continues_training_from_the_checkpoint(trained, roots, tmp_path):
     assert first["init"] == log[0]["init"] and log[0]["settings"]["init"] == str(out)
     rng_first = np.random.default_rng(SETTINGS.seed)  # the batch the first run began with
     stream = corpus.pack(corpus.split_sources(corpus.find_sources(roots))[0], seed=SETTINGS.seed)
-    assert not torch.equal(train.training_batch(stream, settings, rng_first),
-                           train.training_batch(stream, settings, np.random.default_rng([SETTINGS.seed, 3])))
+    assert not torch.equal(train.training_batch(stream, settings, rng_first).ids,
+                           train.training_batch(stream, settings, np.random.default_rng([SETTINGS.seed, 3])).ids)
     # a second continuation adds up the runs behind it
     again = train.train(tmp_path / "third", dataclasses.replace(settings, init=str(tmp_path / "next")), SHAPE,
                         device="cpu", roots=roots, progress=False)
@@ -288,3 +292,20 @@ def test_lm_config():
     assert config.max_position_embeddings == 512 and config.tie_word_embeddings is False
     assert config.bos_token_id is None and config.eos_token_id is None and config.pad_token_id is None
     assert config.rope_parameters["rope_theta"] == SHAPE.rope_theta and config.attention_dropout == 0.0
+
+
+def test_lookup_weight_changes_the_training_only_through_the_lookup_bytes(roots, tmp_path):
+    """--lookup-weight: a run that weighs the lookup bytes 50 times ends elsewhere than the plain run of the same
+    seed (its batches held lookup bytes), while its logged plain loss starts from the same first step."""
+    settings = dataclasses.replace(SETTINGS, steps=2, eval_every=100)
+    train.train(tmp_path / "plain", settings, SHAPE, device="cpu", roots=roots, progress=False)
+    heavy = dataclasses.replace(settings, lookup_weight=50.0)
+    train.train(tmp_path / "heavy", heavy, SHAPE, device="cpu", roots=roots, progress=False)
+    plain_log, heavy_log = read_log(tmp_path / "plain"), read_log(tmp_path / "heavy")
+    plain_steps = [r for r in plain_log if r["event"] == "step"]
+    heavy_steps = [r for r in heavy_log if r["event"] == "step"]
+    assert plain_steps[0]["lookup_bytes"] > 0 and heavy_steps[0]["lookup_bytes"] == plain_steps[0]["lookup_bytes"]
+    assert heavy_steps[0]["bits_per_byte"] == plain_steps[0]["bits_per_byte"]  # the same weights, the same batch
+    assert heavy_log[0]["settings"]["lookup_weight"] == 50.0
+    a, b = weights(tmp_path / "plain"), weights(tmp_path / "heavy")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) > 1e-4

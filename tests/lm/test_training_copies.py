@@ -150,22 +150,80 @@ def test_errors_name_the_argument(stream, call, error, text):
 def test_training_batch_windows_and_copy_share(stream):
     text = stream.tobytes()
     plain = TrainSettings(context=512, batch=6, copy_fraction=0.0)
-    batch = train.training_batch(stream, plain, np.random.default_rng(1))
+    batch = train.training_batch(stream, plain, np.random.default_rng(1)).ids
     assert batch.shape == (6, 513) and batch.dtype == torch.int64
     for row in batch.numpy().astype(np.uint8):  # each row a window of the stream
         assert row.tobytes() in text
-    assert torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(1)))
-    assert not torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(2)))
+    assert torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(1)).ids)
+    assert not torch.equal(batch, train.training_batch(stream, plain, np.random.default_rng(2)).ids)
+    assert not train.training_batch(stream, plain, np.random.default_rng(1)).lookups.any()  # no copy content
     every = TrainSettings(context=512, batch=6, copy_fraction=1.0, max_copies=2)
-    batch = train.training_batch(stream, every, np.random.default_rng(3))
+    batch = train.training_batch(stream, every, np.random.default_rng(3)).ids
     assert batch.shape == (6, 513) and int(batch.min()) >= 0 and int(batch.max()) < 256
     assert all(row.tobytes() not in text for row in batch.numpy().astype(np.uint8))
-    assert torch.equal(batch, train.training_batch(stream, every, np.random.default_rng(3)))
+    assert torch.equal(batch, train.training_batch(stream, every, np.random.default_rng(3)).ids)
     # the share: about copy_fraction of the rows carry copy content
     half = TrainSettings(context=256, batch=200, copy_fraction=0.5)
-    rows = train.training_batch(stream, half, np.random.default_rng(4)).numpy().astype(np.uint8)
+    rows = train.training_batch(stream, half, np.random.default_rng(4)).ids.numpy().astype(np.uint8)
     changed = sum(row.tobytes() not in text for row in rows)
     assert 70 <= changed <= 130
+
+
+def test_lookup_positions_start_each_value_of_the_answer(drawn):
+    """A window's lookup positions are, per probe, the answer bytes that start a value: the first answer byte,
+    and in multi_value each byte right after the format's separator (read from the text, not from the probe's
+    lookups)."""
+    for window in drawn:
+        expected = []
+        for probe, offset in zip(window.probes, window.offsets.tolist()):
+            targets = offset + probe.targets
+            starts = [0]
+            if probe.task == "multi_value":
+                sep = retrieval.FORMATS[probe.task][probe.format].sep.encode()
+                answer = window.ids[targets].tobytes()
+                starts += [m.end() for m in re.finditer(re.escape(sep), answer)]
+            expected += [int(targets[i]) for i in starts]
+        assert window.lookup_positions.dtype == np.int64
+        assert window.lookup_positions.tolist() == expected
+
+
+def test_training_batch_marks_the_lookup_bytes_where_they_are_predicted(stream):
+    settings = TrainSettings(context=1024, batch=8, copy_fraction=0.75, max_copies=3)
+    batch = train.training_batch(stream, settings, np.random.default_rng(5))
+    rng = np.random.default_rng(5)  # the same draws, replayed by hand: windows, then each row's copy content
+    starts = rng.integers(0, len(stream) - 1025, 8)
+    assert batch.lookups.shape == (8, 1024) and batch.lookups.dtype == torch.bool
+    copied = 0
+    for i, start in enumerate(starts.tolist()):
+        marked = torch.nonzero(batch.lookups[i]).flatten().numpy()
+        if rng.random() < settings.copy_fraction:
+            copies = int(rng.integers(1, settings.max_copies + 1))
+            window = copy_window(stream[start:start + 2050], 1025, rng, copies)
+            assert np.array_equal(window.ids, batch.ids[i].numpy().astype(np.uint8))
+            # position j of ids[:, 1:] is byte j + 1 of the window: the logits at j predict it
+            assert np.array_equal(marked + 1, window.lookup_positions)
+            copied += len(window.probes) > 0
+        else:
+            assert len(marked) == 0
+    assert copied >= 2  # the test sees copy content
+
+
+def test_training_loss_weights_the_lookup_bytes_only():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 256, dtype=torch.float64)
+    ids = torch.randint(0, 256, (2, 7))
+    lookups = torch.zeros(2, 6, dtype=torch.bool)
+    lookups[0, 2] = lookups[1, 5] = True
+    batch = train.TrainingBatch(ids, lookups)
+    each = [[-torch.log_softmax(logits[b, j], -1)[ids[b, j + 1]] for j in range(6)] for b in range(2)]
+    plain = sum(sum(row) for row in each) / 12
+    for weight in (1.0, 5.0, 0.0):
+        result = train.training_loss(logits, batch, weight)
+        weighted = sum(each[b][j] * (weight if lookups[b, j] else 1.0) for b in range(2) for j in range(6)) / 12
+        assert float(result["loss"]) == pytest.approx(float(weighted), rel=1e-6)
+        assert float(result["plain"]) == pytest.approx(float(plain), rel=1e-6)
+        assert float(result["lookup_sum"]) == pytest.approx(float(each[0][2] + each[1][5]), rel=1e-6)
+        assert int(result["lookups"]) == 2
 
 
 @pytest.mark.parametrize("bad, error, text", [
@@ -176,6 +234,10 @@ def test_training_batch_windows_and_copy_share(stream):
     (dict(copy_fraction=True), TypeError, "copy_fraction must be a number"),
     (dict(max_copies=0), ValueError, "max_copies must be >= 1"),
     (dict(max_copies=2.0), TypeError, "max_copies must be an int"),
+    (dict(lookup_weight=-1.0), ValueError, "lookup_weight must be a finite number >= 0.*got -1.0"),
+    (dict(lookup_weight=float("inf")), ValueError, "lookup_weight must be a finite number"),
+    (dict(lookup_weight=float("nan")), ValueError, "lookup_weight must be a finite number"),
+    (dict(lookup_weight="8"), TypeError, "lookup_weight must be a finite number"),
 ])
 def test_copy_settings_are_checked(bad, error, text):
     with pytest.raises(error, match=text):
@@ -184,3 +246,4 @@ def test_copy_settings_are_checked(bad, error, text):
         train.check_settings(dataclasses.replace(TrainSettings(), **bad), train.option)
     for good in (0.0, 0.25, 1, 1.0):
         train.check_settings(TrainSettings(copy_fraction=good))
+        train.check_settings(TrainSettings(lookup_weight=good * 10))

@@ -103,6 +103,20 @@ class RetrievalProbe(Passkey):
         """The bytes to predict (``ids[targets]``)."""
         return self.ids[self.targets].tobytes()
 
+    @property
+    def lookups(self) -> np.ndarray:
+        """``int64``: the answer bytes (indices into ``targets``) that start a value, found by its key: the first,
+        and in ``multi_value`` each one right after the format's ``sep`` (so ``define``'s ``, 0x`` is copied,
+        not looked up). The others are copies."""
+        if self.task != "multi_value":
+            return np.zeros(1, np.int64)
+        sep, answer = FORMATS[self.task][self.format].sep.encode(), self.answer
+        starts, at = [0], answer.find(sep)
+        while at >= 0:
+            starts.append(at + len(sep))
+            at = answer.find(sep, at + len(sep))
+        return np.asarray(starts, np.int64)
+
 
 class FillerError(ValueError):
     """The ``filler`` argument cannot host the probe: too short, no line start where one is needed, or every

@@ -82,7 +82,13 @@ class TrainSettings:
 
     Continued training: ``init``, a model folder written by :func:`train`, is the weights the run starts from
     instead of a random initialisation, with a fresh optimizer and learning-rate schedule and batches of its own
-    (:mod:`.init_weights`: the checkpoint's shape, positions and evaluation set must be the run's)."""
+    (:mod:`.init_weights`: the checkpoint's shape, positions and evaluation set must be the run's).
+
+    ``lookup_weight`` (a finite number >= 0; 1, the default, is the plain loss): the weight in the training loss
+    of the copy content's lookup bytes, the answer bytes that start a value and must be found by their key
+    (:attr:`.training_copies.CopyWindow.lookup_positions`); every other byte weighs 1 (:func:`training_loss`).
+    A window holds a few lookup bytes among thousands, so the plain loss barely asks for the skill that dense
+    retrieval misses (issue 41: the model copies a value once started, but often fails to find it)."""
 
     context: int = 8192
     batch: int = 8
@@ -93,6 +99,7 @@ class TrainSettings:
     weight_decay: float = 0.1
     copy_fraction: float = 0.5
     max_copies: int = 4
+    lookup_weight: float = 1.0
     eval_every: int = 500
     eval_documents: int = EVAL_FILES
     log_every: int = 25
@@ -136,21 +143,56 @@ def learning_rate(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def training_batch(stream: np.ndarray, settings: TrainSettings, rng: np.random.Generator) -> torch.Tensor:
-    """``[batch, context + 1]`` int64: random windows of ``stream`` (``uint8``, longer than ``context + 1``),
-    each, with probability ``copy_fraction``, replaced by a window of copy content
+@dataclass(frozen=True)
+class TrainingBatch:
+    """One training batch (:func:`training_batch`).
+
+    Attributes:
+        ids: ``int64 [batch, context + 1]``: the windows; position ``j`` of ``ids[:, 1:]`` is predicted from the
+            logits at ``j``.
+        lookups: ``bool [batch, context]``: True where ``ids[:, 1:]`` is a lookup byte of copy content
+            (:attr:`.training_copies.CopyWindow.lookup_positions`), in the coordinates of ``ids[:, 1:]``.
+    """
+
+    ids: torch.Tensor
+    lookups: torch.Tensor
+
+
+def training_batch(stream: np.ndarray, settings: TrainSettings, rng: np.random.Generator) -> TrainingBatch:
+    """Random windows of ``stream`` (``uint8``, longer than ``context + 1``) of ``context + 1`` bytes, each,
+    with probability ``copy_fraction``, replaced by a window of copy content
     (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes) built into the ``2 * (context + 1)``
-    bytes of ``stream`` from the same start (fewer at the stream's end). Everything is drawn from ``rng``."""
+    bytes of ``stream`` from the same start (fewer at the stream's end), with the copy content's lookup bytes
+    marked. Everything is drawn from ``rng``."""
     length = settings.context + 1
     starts = rng.integers(0, len(stream) - length, settings.batch)
     rows = []
-    for start in starts:
+    lookups = np.zeros((settings.batch, settings.context), bool)
+    for i, start in enumerate(starts):
         row = stream[start:start + length]
         if rng.random() < settings.copy_fraction:
             copies = int(rng.integers(1, settings.max_copies + 1))
-            row = copy_window(stream[start:start + 2 * length], length, rng, copies).ids
+            window = copy_window(stream[start:start + 2 * length], length, rng, copies)
+            row = window.ids
+            lookups[i, window.lookup_positions - 1] = True  # a target at p is predicted at p - 1 (p >= 1)
         rows.append(row)
-    return torch.from_numpy(np.stack(rows).astype(np.int64))
+    return TrainingBatch(torch.from_numpy(np.stack(rows).astype(np.int64)), torch.from_numpy(lookups))
+
+
+def training_loss(logits: torch.Tensor, batch: TrainingBatch, lookup_weight: float = 1.0) -> dict:
+    """The training loss of ``logits`` (``[batch, context, 256]``, on the batch's device) over ``batch``: the
+    mean over every predicted byte of its cross-entropy (nats) weighted by ``lookup_weight`` at the batch's
+    lookup bytes and by 1 elsewhere, divided by the number of bytes (not by the weights' sum, so the other
+    bytes keep the plain loss's scale). Returns tensors, nothing read back: ``loss`` (to backpropagate),
+    ``plain`` (the unweighted mean), ``lookup_sum`` and ``lookups`` (the cross-entropy summed over the lookup
+    bytes, and their count)."""
+    scores, targets = logits.float().transpose(1, 2), batch.ids[:, 1:]
+    plain = torch.nn.functional.cross_entropy(scores, targets)  # with weight 1, the loss as it always was
+    with torch.set_grad_enabled(torch.is_grad_enabled() and lookup_weight != 1):
+        mask = batch.lookups.to(scores.dtype)
+        lookup_sum = (torch.nn.functional.cross_entropy(scores, targets, reduction="none") * mask).sum()
+    loss = plain if lookup_weight == 1 else plain + (lookup_weight - 1) * lookup_sum / targets.numel()
+    return dict(loss=loss, plain=plain, lookup_sum=lookup_sum, lookups=mask.sum())
 
 
 def eval_packages(eval_documents: int) -> int:
@@ -211,6 +253,12 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
     if settings.stop_after is not None:
         check_int(label("stop_after"), settings.stop_after, 1)
     check_int(label("max_copies"), settings.max_copies, 1)
+    weight = settings.lookup_weight
+    if isinstance(weight, bool) or not isinstance(weight, Real):
+        raise TypeError(f"{label('lookup_weight')} must be a finite number >= 0, got {type(weight).__name__}")
+    if not 0 <= weight < math.inf:  # (NaN fails too)
+        raise ValueError(f"{label('lookup_weight')} must be a finite number >= 0 (the loss weight of the copy "
+                         f"content's lookup bytes; 1: the plain loss), got {weight}")
     if settings.init is not None:
         check_folder(settings.init, label("init"))
     fraction = settings.copy_fraction
@@ -318,6 +366,8 @@ OPTION_HELP = {
     "copy_fraction": "share of training windows with copy content: retrieval probes in the training formats "
                      "of every task (0 to 1; default %(default)s)",
     "max_copies": "the most retrieval probes in a window with copy content (1 to this many; default %(default)s)",
+    "lookup_weight": "loss weight of the copy content's lookup bytes (the answer bytes that start a value, found "
+                     "by their key); every other byte weighs 1 (default %(default)s: the plain loss)",
     "eval_documents": "documents of the evaluation set, one window per validation file (default %(default)s)",
     "init": "a model folder of an earlier run to continue training from (its weights; a fresh optimizer and "
             "schedule; same shape, context, corpus and seed)",
@@ -470,25 +520,33 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
             torch.cuda.synchronize(device)
 
     train_started, seen, step, paused, first_step = time.perf_counter(), 0, 0, 0.0, 0.0
+    lookup_sum, lookup_count = torch.zeros((), device=device), torch.zeros((), device=device)
     bar = tqdm(range(settings.steps), desc="train", unit="step", disable=not progress_enabled(progress))
     model.train()
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, settings)
-        ids = training_batch(stream, settings, rng).to(device)
+        batch = training_batch(stream, settings, rng)
+        batch = TrainingBatch(batch.ids.to(device), batch.lookups.to(device))
         with autocast:
-            logits = model(ids[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:])
+            logits = model(batch.ids[:, :-1]).logits
+        losses = training_loss(logits, batch, settings.lookup_weight)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        seen += ids[:, 1:].numel()
+        seen += batch.ids[:, 1:].numel()
+        lookup_sum += losses["lookup_sum"].detach()
+        lookup_count += losses["lookups"]
         if step % settings.log_every == 0 or step == settings.steps - 1:
-            bits = loss.item() / math.log(2)
+            bits = losses["plain"].item() / math.log(2)
+            count = lookup_count.item()  # the lookup bytes' mean since the last log (few per batch)
+            lookup_bits = lookup_sum.item() / count / math.log(2) if count else None
+            lookup_sum, lookup_count = torch.zeros((), device=device), torch.zeros((), device=device)
             elapsed = time.perf_counter() - train_started
             bar.set_postfix(bits=f"{bits:.3f}", MBps=f"{seen / elapsed / 1e6:.2f}")
-            _log(log_path, dict(event="step", step=step, bits_per_byte=bits, lr=learning_rate(step, settings),
+            _log(log_path, dict(event="step", step=step, bits_per_byte=bits, lookup_bits=lookup_bits,
+                                lookup_bytes=int(count), lr=learning_rate(step, settings),
                                 bytes_per_second=seen / elapsed, seconds=time.perf_counter() - started))
         if step == 0:  # logged, so its loss was read back: the step is done
             first_step = time.perf_counter() - train_started

@@ -55,6 +55,13 @@ class CopyWindow:
     probes: tuple[RetrievalProbe, ...]
     offsets: np.ndarray
 
+    @property
+    def lookup_positions(self) -> np.ndarray:
+        """``int64``: the positions in ``ids`` of every probe's lookup bytes (the answer bytes that start a value,
+        which the model must find by its key: :attr:`~topo_attn.lm.probe.Passkey.lookups`), in order."""
+        parts = [offset + probe.targets[probe.lookups] for probe, offset in zip(self.probes, self.offsets.tolist())]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
 
 def training_options(task: str, length: int, rng: np.random.Generator) -> dict:
     """The counts of one training probe of ``task`` in a segment of ``length`` bytes, drawn uniformly up to the

@@ -26,6 +26,15 @@ tests/conftest.py sets ``TRITON_INTERPRET=1`` before this module is imported whe
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}
 
 
+def reference_grads(q, k, v, schedule, d_out, scale=None):
+    """Output and (dq, dk, dv) through torch autograd and the float64 ``dense_masked_attention`` (inputs rounded
+    to their dtype first, so only a kernel's own rounding counts)."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = ta.dense_masked_attention(*leaves, schedule, scale=scale)
+    out.backward(d_out.double())
+    return out.detach(), [t.grad for t in leaves]
+
+
 def inputs(shape_q, shape_kv, dtype, device, seed):
     """Fresh random ``q, k, v`` (``torch.randn``, drawn on the CPU so every device sees the same values)."""
     gen = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 import topo_attn as ta
 import topo_attn.attention.backward as backward
-from helpers import TOLERANCE, inputs, padded_copy, random_schedule  # in tests/
+from helpers import TOLERANCE, inputs, padded_copy, random_schedule, reference_grads  # in tests/
 
 
 def _kernel_grads(q, k, v, schedule, d_out, scale=None, deterministic=True):
@@ -21,15 +21,6 @@ def _kernel_grads(q, k, v, schedule, d_out, scale=None, deterministic=True):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = ta.scheduled_attention(*leaves, schedule, scale=scale, deterministic=deterministic)
     out.backward(d_out)
-    return out.detach(), [t.grad for t in leaves]
-
-
-def _reference_grads(q, k, v, schedule, d_out, scale=None):
-    """The same through torch autograd and the float64 dense_masked_attention (inputs rounded to their dtype
-    first, so only the kernels' own rounding counts)."""
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    out = ta.dense_masked_attention(*leaves, schedule, scale=scale)
-    out.backward(d_out.double())
     return out.detach(), [t.grad for t in leaves]
 
 
@@ -46,7 +37,7 @@ def _check_grads(grads, refs, dtype):
 def _compare(q, k, v, schedule, dtype, seed, scale=None, deterministic=True):
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1)).to(q.device, dtype)
     out, grads = _kernel_grads(q, k, v, schedule, d_out, scale, deterministic)
-    ref_out, refs = _reference_grads(q, k, v, schedule, d_out, scale)
+    ref_out, refs = reference_grads(q, k, v, schedule, d_out, scale)
     torch.testing.assert_close(out.double(), ref_out, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
     _check_grads(grads, refs, dtype)
     return grads, refs
@@ -228,7 +219,7 @@ def test_backward_path_follows_the_argument_then_torch(argument, torch_flag, exp
     finally:
         torch.use_deterministic_algorithms(previous)
     assert seen == [expected]
-    _check_grads([t.grad for t in leaves], _reference_grads(q, k, v, schedule, d_out)[1], torch.float32)
+    _check_grads([t.grad for t in leaves], reference_grads(q, k, v, schedule, d_out)[1], torch.float32)
 
 
 def test_deterministic_must_be_a_bool(device):
@@ -246,7 +237,7 @@ def test_tile_shapes_agree(device):
     schedule = random_schedule(torch.Generator().manual_seed(12), S, bs, lanes=(1, 2), device=device)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(13)).to(device, torch.float16)
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
-    _, refs = _reference_grads(q, k, v, schedule, d_out)
+    _, refs = reference_grads(q, k, v, schedule, d_out)
     for m, n in ((16, 64), (64, 16), (32, 32)):
         tiles = dict(BLOCK_M=m, BLOCK_N=n, num_warps=4, NUM_STAGES=2)
         config = dict(dq=tiles, dkdv=dict(tiles, BLOCK_M=n, BLOCK_N=m))

@@ -361,7 +361,8 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  out: torch.Tensor, lse: torch.Tensor, schedule, scale: float,
                                  needs: tuple[bool, bool, bool] = (True, True, True),
                                  config: dict | None = None,
-                                 path: str = "deterministic") -> tuple[torch.Tensor | None, ...]:
+                                 path: str = "deterministic",
+                                 dkdv_kernel: str = "portable") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
     here). ``path`` (from :func:`backward_path`): ``"deterministic"``, delta, dQ over the row schedule and
     dK/dV over the column schedule, no atomics; or ``"atomic"``, delta then dK/dV over the column schedule with
@@ -377,6 +378,9 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         scale: the softmax scale.
         needs: which of dq, dk, dv to compute; the others come back ``None``.
         config: overrides :func:`backward_tile_config` (same keys).
+        dkdv_kernel: ``"portable"`` (the default) runs :func:`attention_bwd_dkdv_kernel`; ``"hopper"`` the
+            Gluon warp-specialised dK/dV kernel (:mod:`topo_attn.attention.hopper_backward`) on the deterministic
+            path, or a ``ValueError`` saying why it cannot run. Not yet the default: it has not been measured.
 
     Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
     batch, heads, q_len, head_dim = q.shape
@@ -389,6 +393,17 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     shared = schedule.is_shared
     lane_heads, group = (0, 1) if shared else (schedule.lanes[1], heads // schedule.lanes[1])
     lse = lse.contiguous()
+    atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
+    if dkdv_kernel not in ("portable", "hopper"):
+        raise ValueError(f"dkdv_kernel must be 'portable' or 'hopper', got {dkdv_kernel!r}")
+    gluon_dkdv = dkdv_kernel == "hopper" and (needs[1] or needs[2])
+    if gluon_dkdv:  # why it cannot run, before any launch
+        from .hopper_backward import hopper_dkdv_unsupported_reason
+
+        column = schedule.transpose()
+        reason = "the atomic path asked for" if atomic else hopper_dkdv_unsupported_reason(q, k, v, column)
+        if reason is not None:
+            raise ValueError(f"dkdv_kernel='hopper' cannot run this call: {reason}")
 
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
@@ -398,7 +413,6 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
            dict(BLOCK_M=pre_block, HEAD_DIM=head_dim))
 
     # -- dQ over the row schedule (deterministic), or a zeroed float32 buffer the dK/dV kernel adds to (atomic)
-    atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
     if needs[0] and not atomic:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -413,7 +427,11 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
     # -- dK and dV over the column schedule
     dk = dv = None
-    if needs[1] or needs[2]:
+    if gluon_dkdv:
+        from .hopper_backward import hopper_dkdv
+
+        dk, dv = hopper_dkdv(q, k, v, do, lse, delta, column, scale)
+    elif needs[1] or needs[2]:
         column = schedule.transpose()
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)

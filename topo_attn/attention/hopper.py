@@ -46,14 +46,14 @@ try:  # the Gluon Hopper API of triton 3.6; any failure here makes every call un
     from .forward import INTERPRETED, LOG2E, device_capability, tma_eligible
     from ..launch import Tiles, launch
 
-    _GLUON_MISSING = None
+    GLUON_MISSING = None
     if not triton.__version__.startswith("3.6."):  # 3.9's warp_specialize, for one, no longer compiles this
-        _GLUON_MISSING = f"triton {triton.__version__}: the Gluon kernel is written for triton 3.6's API"
+        GLUON_MISSING = f"triton {triton.__version__}: the Gluon kernel is written for triton 3.6's API"
 except Exception as error:  # noqa: BLE001 - ImportError, AttributeError, ...: any mismatch of the API
-    _GLUON_MISSING = f"triton has no gluon Hopper API ({type(error).__name__}: {error})"
+    GLUON_MISSING = f"triton has no gluon Hopper API ({type(error).__name__}: {error})"
 
 
-if _GLUON_MISSING is None:
+if GLUON_MISSING is None:  # (GLUON_MISSING: why this triton cannot run the Gluon kernels, or None)
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
@@ -319,8 +319,8 @@ def hopper_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Cheap (no device synchronisation, no compilation; what depends only on devices, dtypes, ranks and sizes is
     decided once per combination) and never raises."""
     try:
-        if _GLUON_MISSING is not None:
-            return _GLUON_MISSING
+        if GLUON_MISSING is not None:
+            return GLUON_MISSING
         block_size = getattr(schedule, "block_size", None)
         reason = _static_reason(q.device, q.dtype, k.dtype, v.dtype, (q.ndim, k.ndim, v.ndim), q.shape[-1],
                                 block_size if isinstance(block_size, int) else None,
@@ -365,7 +365,7 @@ def _static_reason(device: torch.device, q_dtype, k_dtype, v_dtype, ranks: tuple
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
+def shared_layout(block_rows: int, head_dim: int, dtype: torch.dtype):
     """The swizzled shared-memory layout of a ``[1, 1, block_rows, head_dim]`` tile (computed once: it costs
     microseconds on the launch path)."""
     return gl.NVMMASharedLayout.get_default_for([1, 1, block_rows, head_dim],
@@ -399,7 +399,7 @@ def hopper_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule, 
     lse = torch.empty((batch, heads, q_len), dtype=torch.float32, device=q.device) if return_lse else out
     lane_heads, group = (0, 1) if schedule.lanes is None else (schedule.lanes[1], heads // schedule.lanes[1])
     grid = (-(-q_len // block_m), batch * heads)
-    q_layout, kv_layout = _shared_layout(q_rows, head_dim, q.dtype), _shared_layout(block_n, head_dim, q.dtype)
+    q_layout, kv_layout = shared_layout(q_rows, head_dim, q.dtype), shared_layout(block_n, head_dim, q.dtype)
     launch(hopper_attention_fwd_kernel, grid, (
         Tiles(q, [1, 1, q_rows, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
         Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(out, [1, 1, q_rows, head_dim], q_layout),

@@ -1,0 +1,80 @@
+"""The Gluon Hopper dK/dV kernel (``attention/hopper_backward.py``) against the float64 reference and the portable
+Triton dK/dV kernel: dtypes, head dims, block sizes, a partial last block, shared, per-query-head and
+per-key/value-head schedules, GQA, a padded schedule. Each GPU test skips with
+:func:`hopper_dkdv_unsupported_reason`'s words when the Gluon path does not apply (no Hopper GPU, another
+triton, the interpreter); the CPU tests check that it says so and that asking for it there fails before any
+launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import topo_attn as ta
+import topo_attn.attention.backward as backward
+from helpers import DEVICE, TOLERANCE, inputs, padded_copy, random_schedule, reference_grads  # in tests/
+from topo_attn.attention import hopper_backward
+
+
+def _gradients(q, k, v, schedule, d_out, dkdv_kernel):
+    """(dq, dk, dv) of the kit's backward with the given dK/dV kernel, after the kit's forward."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    return backward.scheduled_attention_backward(d_out, q, k, v, out, lse, schedule, scale,
+                                                 dkdv_kernel=dkdv_kernel)
+
+
+def _check(q, k, v, schedule, seed):
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
+    if reason is not None:
+        pytest.skip(reason)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device, q.dtype)
+    dq, dk, dv = _gradients(q, k, v, schedule, d_out, "hopper")
+    _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
+    _, pdk, pdv = _gradients(q, k, v, schedule, d_out, "portable")
+    tol = TOLERANCE[q.dtype]
+    for name, grad, ref, portable in (("dk", dk, ref_dk, pdk), ("dv", dv, ref_dv, pdv)):
+        assert grad.dtype == q.dtype and grad.shape == ref.shape and torch.isfinite(grad).all(), name
+        size = ref.abs().max().item()
+        assert size > 0, "a zero reference gradient would test nothing"
+        torch.testing.assert_close(grad.double(), ref, atol=tol * size, rtol=tol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(grad.float(), portable.float(), atol=2 * tol * size, rtol=2 * tol,
+                                   msg=lambda m: f"{name} vs portable: {m}")
+
+
+def test_cpu_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
+    q, k, v = inputs((1, 2, 128, 64), (1, 1, 128, 64), torch.float32, "cpu", seed=0)
+    schedule = ta.dense_causal_schedule(128, 64)
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
+    assert isinstance(reason, str) and reason
+    assert isinstance(hopper_backward.hopper_dkdv_unsupported_reason(None, None, None, None), str)
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    monkeypatch.setattr(backward, "launch", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(ValueError, match="dkdv_kernel='hopper' cannot run this call: "):
+        backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="hopper")
+    with pytest.raises(ValueError, match="dkdv_kernel must be 'portable' or 'hopper', got 'gluon'"):
+        backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="gluon")
+
+
+@pytest.mark.parametrize("lanes", ["shared", "query heads", "kv heads"])
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_random_schedules_match_references(dtype, D, block_size, lanes):
+    """B 2, H 4, H_kv 2 (GQA), S 700 (a partial last block), rows with and without their diagonal."""
+    B, H, H_kv, S = 2, 4, 2, 700
+    seed = D + block_size + len(lanes)
+    lane_shape = {"shared": None, "query heads": (B, H), "kv heads": (B, H_kv)}[lanes]
+    schedule = random_schedule(torch.Generator().manual_seed(seed), S, block_size, lanes=lane_shape, density=0.4,
+                               device=DEVICE)
+    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), dtype, DEVICE, seed=seed)
+    _check(q, k, v, schedule, seed)
+
+
+def test_a_padded_schedule_and_a_model_layout():
+    """A padded schedule (junk past its entries) and q, k, v as a model lays them out (``[B, S, H, D]`` memory)."""
+    B, H, H_kv, S, D = 1, 8, 2, 1024, 64
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in
+               inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=3))
+    schedule = random_schedule(torch.Generator().manual_seed(3), S, 64, lanes=(B, H_kv), device=DEVICE)
+    _check(q, k, v, padded_copy(schedule, 37), seed=4)

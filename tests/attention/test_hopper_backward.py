@@ -78,3 +78,28 @@ def test_a_padded_schedule_and_a_model_layout():
                inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=3))
     schedule = random_schedule(torch.Generator().manual_seed(3), S, 64, lanes=(B, H_kv), device=DEVICE)
     _check(q, k, v, padded_copy(schedule, 37), seed=4)
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("D", [64, 128])
+def test_both_consumer_forms_match_the_reference(D, consumers):
+    """One consumer warp group per 64-key tile, or two sharing each Q/dO stage of a 128-key tile (the other form
+    than the default for each head dim), through ``hopper_dkdv`` with its configuration given."""
+    B, H, H_kv, S, block_size = 1, 4, 1, 600, 128
+    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
+    schedule = random_schedule(torch.Generator().manual_seed(D), S, block_size, lanes=(B, H), device=DEVICE)
+    column = schedule.transpose()
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, column)
+    if reason is not None:
+        pytest.skip(reason)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, q.dtype)
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    delta = (out.float() * d_out.float()).sum(-1)
+    config = hopper_backward.dkdv_tile_config(block_size, D, consumers)
+    dk, dv = hopper_backward.hopper_dkdv(q, k, v, d_out, lse, delta, column, D ** -0.5, config)
+    _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
+    tol = TOLERANCE[q.dtype]
+    for grad, ref in ((dk, ref_dk), (dv, ref_dv)):
+        size = ref.abs().max().item()
+        assert size > 0
+        torch.testing.assert_close(grad.double(), ref, atol=tol * size, rtol=tol)

@@ -4,13 +4,15 @@ Same contract as the portable :func:`topo_attn.attention.backward.attention_bwd_
 (the deterministic path); the structure is the Gluon forward's (:mod:`topo_attn.attention.hopper`) with the
 roles of queries and keys swapped:
 
-* One program per (key tile of ``BLOCK_N = 64`` keys, key/value lane ``(b, h_kv)``), the first key tiles (the
+* One program per (key tile of ``BLOCK_N`` keys, key/value lane ``(b, h_kv)``), the first key tiles (the
   longest columns) first. It walks the column schedule (``BlockSchedule.transpose()``: the query blocks that read
   its key block, the diagonal first) for every query head of the GQA group in turn, in query steps of
   ``BLOCK_M = 64`` rows (``BLOCK_SIZE // BLOCK_M`` per query block; the diagonal block from the key tile on).
 * ``gl.warp_specialize`` splits the program into a **load partition** (one warp: the K and V tiles once, then
   the Q and dO tiles of every query step through TMA into a ``NUM_STAGES``-deep ring, with ready/empty mbarriers
-  per stage and per operand) and one **consumer** warp group.
+  per stage and per operand) and the **consumers**: one warp group per 64 keys (``BLOCK_N`` 64: one; 128 with
+  blocks of 128 or more: two, each with its own dK and dV, sharing each Q/dO stage and running unsynchronised,
+  so one's exponentials overlap the other's matrix products, as in the forward).
 * The consumer, per query step: ``S^T = K Q^T`` and ``dP^T = V dO^T`` as asynchronous ``warpgroup_mma``;
   ``P^T = exp2(S^T * scale * log2(e) - lse * log2(e))`` (queries before keys masked to 0: a no-op off the
   diagonal); ``dV += P^T dO``; ``dS^T = P^T (dP^T - delta)``; ``dK += dS^T Q``. P^T and dS^T go to their
@@ -76,12 +78,17 @@ if GLUON_MISSING is None:
                              kv_ready, q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices,
                              batch, kv_head, k_block, start_n, seq_len, kv_group, lane_heads, lane_group,
                              lane_row_stride, BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr,
-                             NUM_STAGES: gl.constexpr):
-        """One warp: TMA loads of the K and V tiles once, then of the Q and dO tiles of every query step of
-        every query head of the group, each into ring stage ``t % NUM_STAGES`` once the consumer released it."""
-        mbarrier.expect(kv_ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n, 0], kv_ready, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n, 0], kv_ready, v_smem)
+                             NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+        """One warp: TMA loads of the K and V tiles once (one piece per consumer), then of the Q and dO tiles of
+        every query step of every query head of the group, each into ring stage ``t % NUM_STAGES`` once every
+        consumer released it."""
+        KEY_ROWS: gl.constexpr = k_desc.block_type.shape[2]
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.expect(kv_ready.index(c), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [batch, kv_head, start_n + c * KEY_ROWS, 0], kv_ready.index(c),
+                                            k_smem.index(c))
+            tma.async_copy_global_to_shared(v_desc, [batch, kv_head, start_n + c * KEY_ROWS, 0], kv_ready.index(c),
+                                            v_smem.index(c))
         t = 0
         for g in range(kv_group):
             head = kv_head * kv_group + g
@@ -108,9 +115,11 @@ if GLUON_MISSING is None:
                                  batch, kv_head, k_block, start_n, seq_len, kv_group, lane_heads, lane_group,
                                  lane_row_stride, qk_scale, sm_scale, stride_lb, stride_lh,
                                  BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                                 HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """One warp group: dK and dV of the key tile over every query step (see the module docstring), then the
-        epilogue."""
+                                 HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
+                                 SUB_KEY: gl.constexpr):
+        """One warp group owning keys ``start_n + SUB_KEY .. + BLOCK_N`` of the program's key tile (``k_smem``,
+        ``v_smem``, ``kv_ready``: its pieces): their dK and dV over every query step (see the module docstring),
+        then the epilogue."""
         # -- layouts: wgmma accumulators of S^T, dP^T [N, M] and dK, dV [N, D]; P^T, dS^T as register A operands
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                             instr_shape=[16, BLOCK_M, 16])
@@ -123,7 +132,7 @@ if GLUON_MISSING is None:
 
         dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, acc_layout)
-        keys = start_n + gl.arange(0, BLOCK_N, layout=key_layout)
+        keys = start_n + SUB_KEY + gl.arange(0, BLOCK_N, layout=key_layout)
         mbarrier.wait(kv_ready, 0)
         k = k_smem.reshape([BLOCK_N, HEAD_DIM])
         v = v_smem.reshape([BLOCK_N, HEAD_DIM])
@@ -171,8 +180,8 @@ if GLUON_MISSING is None:
         k.store((dk * sm_scale).to(dtype))
         v.store(dv.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, start_n, 0], k_smem)
-        tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, start_n, 0], v_smem)
+        tma.async_copy_shared_to_global(dk_desc, [batch, kv_head, start_n + SUB_KEY, 0], k_smem)
+        tma.async_copy_shared_to_global(dv_desc, [batch, kv_head, start_n + SUB_KEY, 0], v_smem)
         tma.store_wait(pendings=0)
 
     @gluon.jit(do_not_specialize=["seq_len", "lane_row_stride", "stride_lb", "stride_lh"])
@@ -182,18 +191,22 @@ if GLUON_MISSING is None:
         seq_len, kv_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 when shared
         stride_lb, stride_lh,  # Lse and Delta: [B, H, S], the same strides
         BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
+        NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         """Grid ``(cdiv(S, BLOCK_N), B * H_kv)``: ``dK``, ``dV [B, H_kv, S, D]`` of keys ``BLOCK_N * i ..`` of
         key/value lane ``(b, h_kv)``, summed over the ``kv_group`` query heads of the group. ``q_desc``/``do_desc``:
         4-D TMA descriptors of ``[B, H, S, D]`` with block ``[1, 1, BLOCK_M, D]``; ``k_desc``, ``v_desc``,
-        ``dk_desc``, ``dv_desc``: of ``[B, H_kv, S, D]`` with block ``[1, 1, BLOCK_N, D]``. ``ColOffsets``/
+        ``dk_desc``, ``dv_desc``: of ``[B, H_kv, S, D]`` with block ``[1, 1, BLOCK_N // CONSUMERS, D]``.
+        ``CONSUMERS``: 1 (one consumer warp group, ``BLOCK_N = 64``) or 2 (two, each owning 64 keys of a 128-key
+        tile and its own dK and dV, sharing each Q/dO stage and running unsynchronised; the second gets
+        ``CONSUMER_REGS`` registers per thread). ``ColOffsets``/
         ``ColIndices``: the int32 column schedule (sorted absolute query blocks, the diagonal first when present),
         shared (``lane_row_stride = 0``) or ``lane_row_stride`` columns per lane ``b * lane_heads + h //
-        lane_group``. A whole sequence (``L == S``); ``BLOCK_M == BLOCK_N == 16 * num_warps`` divide
-        ``BLOCK_SIZE``."""
-        gl.static_assert(BLOCK_M == BLOCK_N, "the diagonal steps assume square tiles")
-        gl.static_assert(BLOCK_N == 16 * num_warps, "one warp group per 64 keys")
+        lane_group``. A whole sequence (``L == S``); ``BLOCK_N // CONSUMERS == 16 * num_warps``; ``BLOCK_M`` and
+        ``BLOCK_N`` divide ``BLOCK_SIZE``."""
+        KEY_ROWS: gl.constexpr = BLOCK_N // CONSUMERS
+        gl.static_assert(KEY_ROWS == 16 * num_warps, "one warp group per 64 keys")
+        gl.static_assert(BLOCK_SIZE % BLOCK_N == 0, "a key tile lies in one key block")
         pid_n = gl.program_id(0)
         kv_lane = gl.program_id(1)
         batch = kv_lane // kv_heads
@@ -203,42 +216,72 @@ if GLUON_MISSING is None:
 
         # -- shared memory: the K and V tiles (reused for dK and dV), the Q and dO rings, their barriers
         dtype: gl.constexpr = q_desc.dtype
-        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
         q_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
-        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        kv_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_ready, count=1)
-        for i in gl.static_range(NUM_STAGES):
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(kv_ready.index(c), count=1)
+        for i in gl.static_range(NUM_STAGES):  # a stage is free once every consumer has released it
             mbarrier.init(q_ready.index(i), count=1)
-            mbarrier.init(q_empty.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=CONSUMERS)
             mbarrier.init(do_ready.index(i), count=1)
-            mbarrier.init(do_empty.index(i), count=1)
+            mbarrier.init(do_empty.index(i), count=CONSUMERS)
 
-        gl.warp_specialize([
-            (_dkdv_consumer_partition, (dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, kv_ready,
+        # -- written out per branch: Gluon takes the partition list literally (as in the forward)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem.index(0),
+                                            v_smem.index(0), kv_ready.index(0), q_ready, q_empty, do_ready, do_empty,
+                                            ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
+                                            lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
+                                            stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
+                                            0)),
+                (_dkdv_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
                                         q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices, batch, kv_head,
                                         k_block, start_n, seq_len, kv_group, lane_heads, lane_group, lane_row_stride,
-                                        qk_scale, sm_scale, stride_lb, stride_lh, BLOCK_SIZE, BLOCK_M, BLOCK_N,
-                                        HEAD_DIM, NUM_STAGES, num_warps)),
-            (_dkdv_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
-                                    q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices, batch, kv_head,
-                                    k_block, start_n, seq_len, kv_group, lane_heads, lane_group, lane_row_stride,
-                                    BLOCK_SIZE, BLOCK_M, NUM_STAGES)),
-        ], [1], [24])
+                                        BLOCK_SIZE, BLOCK_M, NUM_STAGES, CONSUMERS)),
+            ], [1], [24])
+        else:
+            gl.warp_specialize([
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem.index(0),
+                                            v_smem.index(0), kv_ready.index(0), q_ready, q_empty, do_ready, do_empty,
+                                            ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
+                                            lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
+                                            stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
+                                            0)),
+                (_dkdv_consumer_partition, (dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem.index(1),
+                                            v_smem.index(1), kv_ready.index(1), q_ready, q_empty, do_ready, do_empty,
+                                            ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
+                                            lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
+                                            stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
+                                            KEY_ROWS)),
+                (_dkdv_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
+                                        q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices, batch, kv_head,
+                                        k_block, start_n, seq_len, kv_group, lane_heads, lane_group, lane_row_stride,
+                                        BLOCK_SIZE, BLOCK_M, NUM_STAGES, CONSUMERS)),
+            ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
-def dkdv_tile_config(head_dim: int) -> dict:
-    """Launch configuration of :func:`hopper_attention_bwd_dkdv_kernel`: 64-key tiles and 64-query steps on one
-    consumer warp group (``num_warps`` 4, the load warp on top), a ring of ``NUM_STAGES`` Q/dO stages and the
-    per-thread register cap ``maxnreg`` at launch. Not tuned yet (first guesses: dK and dV take ``2 * D / 2``
-    float32 registers per thread, S^T and dP^T 32 each)."""
-    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3 if head_dim <= 64 else 2, num_warps=4,
-                maxnreg=168 if head_dim <= 64 else 240)
+def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = None) -> dict:
+    """Launch configuration of :func:`hopper_attention_bwd_dkdv_kernel`: 64-query steps; ``CONSUMERS`` warp
+    groups of 64 keys each (``num_warps`` 4 per group, the load warp on top), so ``BLOCK_N = 64 * CONSUMERS``
+    keys per program; a ring of ``NUM_STAGES`` Q/dO stages; the per-thread register cap ``maxnreg`` at launch and
+    ``CONSUMER_REGS``, the second consumer's registers. ``consumers``: 1 or 2 (default: 2 at head dim 64 where a
+    128-key tile fits a block, ``block_size >= 128``, else 1: at head dim 128 the first consumer, capped at the
+    launch's 168 registers, spills 272 bytes, where one consumer at 240 spills 36). Not tuned yet (first guesses
+    after the forward's: dK and dV take ``D`` float32 registers per thread, S^T and dP^T 32 each)."""
+    consumers = consumers or (2 if block_size >= 128 and head_dim <= 64 else 1)
+    if consumers == 2:
+        return dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, CONSUMERS=2, num_warps=4, maxnreg=168,
+                    CONSUMER_REGS=240)
+    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3 if head_dim <= 64 else 2, CONSUMERS=1, num_warps=4,
+                maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0)
 
 
 def hopper_dkdv_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, column) -> str | None:
@@ -279,30 +322,32 @@ def hopper_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
             strides (the forward's natural-log log-sum-exp, and ``rowsum(O * dO)``).
         column: the column schedule (``BlockSchedule.transpose()`` of the forward's row schedule).
         scale: the softmax scale.
-        config: overrides :func:`dkdv_tile_config` (same keys).
+        config: overrides :func:`dkdv_tile_config` (same keys; ``BLOCK_N`` must divide the block size).
 
     Returns ``(dk, dv)``, contiguous, in k's dtype. dO is copied to a contiguous tensor when TMA cannot address
     it (an expanded gradient, for one)."""
     batch, heads, seq_len, head_dim = q.shape
     kv_heads = k.shape[1]
-    config = config or dkdv_tile_config(head_dim)
+    config = config or dkdv_tile_config(column.block_size, head_dim)
     block_m, block_n = config["BLOCK_M"], config["BLOCK_N"]
+    key_rows = block_n // config["CONSUMERS"]
     if not tma_eligible(do):
         do = do.contiguous()
     dk, dv = torch.empty_like(k, memory_format=torch.contiguous_format), \
         torch.empty_like(v, memory_format=torch.contiguous_format)
     lane_heads, group = (0, 1) if column.lanes is None else (column.lanes[1], heads // column.lanes[1])
-    q_layout, kv_layout = shared_layout(block_m, head_dim, q.dtype), shared_layout(block_n, head_dim, q.dtype)
+    q_layout, kv_layout = shared_layout(block_m, head_dim, q.dtype), shared_layout(key_rows, head_dim, q.dtype)
     launch(hopper_attention_bwd_dkdv_kernel, (-(-seq_len // block_n), batch * kv_heads), (
-        Tiles(q, [1, 1, block_m, head_dim], q_layout), Tiles(k, [1, 1, block_n, head_dim], kv_layout),
-        Tiles(v, [1, 1, block_n, head_dim], kv_layout), Tiles(do, [1, 1, block_m, head_dim], q_layout),
-        Tiles(dk, [1, 1, block_n, head_dim], kv_layout), Tiles(dv, [1, 1, block_n, head_dim], kv_layout),
+        Tiles(q, [1, 1, block_m, head_dim], q_layout), Tiles(k, [1, 1, key_rows, head_dim], kv_layout),
+        Tiles(v, [1, 1, key_rows, head_dim], kv_layout), Tiles(do, [1, 1, block_m, head_dim], q_layout),
+        Tiles(dk, [1, 1, key_rows, head_dim], kv_layout), Tiles(dv, [1, 1, key_rows, head_dim], kv_layout),
         lse, delta, column.offsets, column.index_buffer,
         scale, scale * LOG2E,
         seq_len, kv_heads, heads // kv_heads, lane_heads, group, 0 if column.lanes is None else column.rows_per_lane,
         lse.stride(0), lse.stride(1),
     ), dict(
         BLOCK_SIZE=column.block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        NUM_STAGES=config["NUM_STAGES"], num_warps=config["num_warps"], maxnreg=config["maxnreg"],
+        NUM_STAGES=config["NUM_STAGES"], CONSUMERS=config["CONSUMERS"], CONSUMER_REGS=config["CONSUMER_REGS"],
+        num_warps=config["num_warps"], maxnreg=config["maxnreg"],
     ))
     return dk, dv

@@ -42,9 +42,10 @@ def _check(q, k, v, schedule, seed):
                                    msg=lambda m: f"{name} vs portable: {m}")
 
 
-def test_cpu_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
-    q, k, v = inputs((1, 2, 128, 64), (1, 1, 128, 64), torch.float32, "cpu", seed=0)
-    schedule = ta.dense_causal_schedule(128, 64)
+def test_float32_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
+    """float32 inputs (any device: on the CPU the interpreter is the reason, on a GPU the dtype)."""
+    q, k, v = inputs((1, 2, 128, 64), (1, 1, 128, 64), torch.float32, DEVICE, seed=0)
+    schedule = ta.dense_causal_schedule(128, 64, DEVICE)
     reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
     assert isinstance(reason, str) and reason
     assert isinstance(hopper_backward.hopper_dkdv_unsupported_reason(None, None, None, None), str)
@@ -52,7 +53,7 @@ def test_cpu_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
     monkeypatch.setattr(backward, "launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match="dkdv_kernel='hopper' cannot run this call: "):
         backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="hopper")
-    with pytest.raises(ValueError, match="dkdv_kernel must be 'portable' or 'hopper', got 'gluon'"):
+    with pytest.raises(ValueError, match="dkdv_kernel must be one of 'auto', 'portable', 'hopper', got 'gluon'"):
         backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="gluon")
 
 

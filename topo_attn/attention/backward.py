@@ -349,6 +349,10 @@ def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> 
     return dict(dq=as_dict(*dq), dkdv=as_dict(*dkdv))
 
 
+DKDV_KERNELS = ("auto", "portable", "hopper")
+"""The ``dkdv_kernel`` choices of :func:`scheduled_attention_backward`."""
+
+
 def backward_path(deterministic: bool = True) -> str:
     """Which backward :func:`scheduled_attention_backward` runs: ``"deterministic"`` (no atomics) when
     ``deterministic`` is True or while ``torch.use_deterministic_algorithms(True)`` is in force; else
@@ -362,7 +366,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  needs: tuple[bool, bool, bool] = (True, True, True),
                                  config: dict | None = None,
                                  path: str = "deterministic",
-                                 dkdv_kernel: str = "portable") -> tuple[torch.Tensor | None, ...]:
+                                 dkdv_kernel: str = "auto") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
     here). ``path`` (from :func:`backward_path`): ``"deterministic"``, delta, dQ over the row schedule and
     dK/dV over the column schedule, no atomics; or ``"atomic"``, delta then dK/dV over the column schedule with
@@ -378,9 +382,11 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         scale: the softmax scale.
         needs: which of dq, dk, dv to compute; the others come back ``None``.
         config: overrides :func:`backward_tile_config` (same keys).
-        dkdv_kernel: ``"portable"`` (the default) runs :func:`attention_bwd_dkdv_kernel`; ``"hopper"`` the
-            Gluon warp-specialised dK/dV kernel (:mod:`topo_attn.attention.hopper_backward`) on the deterministic
-            path, or a ``ValueError`` saying why it cannot run. Not yet the default: it has not been measured.
+        dkdv_kernel: ``"auto"`` (the default) runs the Gluon warp-specialised dK/dV kernel
+            (:mod:`topo_attn.attention.hopper_backward`) on the deterministic path where it applies
+            (:func:`~topo_attn.attention.hopper_backward.hopper_dkdv_unsupported_reason`), else
+            :func:`attention_bwd_dkdv_kernel`; ``"portable"`` always the latter; ``"hopper"`` the Gluon one or a
+            ``ValueError`` saying why it cannot run, before any launch.
 
     Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
     batch, heads, q_len, head_dim = q.shape
@@ -394,16 +400,17 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     lane_heads, group = (0, 1) if shared else (schedule.lanes[1], heads // schedule.lanes[1])
     lse = lse.contiguous()
     atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
-    if dkdv_kernel not in ("portable", "hopper"):
-        raise ValueError(f"dkdv_kernel must be 'portable' or 'hopper', got {dkdv_kernel!r}")
-    gluon_dkdv = dkdv_kernel == "hopper" and (needs[1] or needs[2])
-    if gluon_dkdv:  # why it cannot run, before any launch
+    if dkdv_kernel not in DKDV_KERNELS:
+        raise ValueError(f"dkdv_kernel must be one of {', '.join(map(repr, DKDV_KERNELS))}, got {dkdv_kernel!r}")
+    gluon_dkdv = False
+    if dkdv_kernel != "portable" and (needs[1] or needs[2]):  # the Gluon kernel where it applies, decided here
         from .hopper_backward import hopper_dkdv_unsupported_reason
 
         column = schedule.transpose()
         reason = "the atomic path asked for" if atomic else hopper_dkdv_unsupported_reason(q, k, v, column)
-        if reason is not None:
+        if reason is not None and dkdv_kernel == "hopper":
             raise ValueError(f"dkdv_kernel='hopper' cannot run this call: {reason}")
+        gluon_dkdv = reason is None
 
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
@@ -432,7 +439,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
         dk, dv = hopper_dkdv(q, k, v, do, lse, delta, column, scale)
     elif needs[1] or needs[2]:
-        column = schedule.transpose()
+        column = column if dkdv_kernel != "portable" else schedule.transpose()
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]

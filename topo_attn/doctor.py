@@ -191,10 +191,10 @@ def backward_choices() -> dict:
 
 def dkdv_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> dict:
     """Which dK/dV kernel the deterministic backward of this call runs (``dkdv_kernel="auto"``), and why:
-    :func:`~topo_attn.attention.hopper_backward.hopper_dkdv_unsupported_reason` on the call's column schedule."""
+    :func:`~topo_attn.attention.hopper_backward.hopper_dkdv_unsupported_reason` on the call's schedule."""
     from .attention.hopper_backward import hopper_dkdv_unsupported_reason
 
-    reason = hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
+    reason = hopper_dkdv_unsupported_reason(q, k, v, schedule)
     if reason is None:
         return dict(kernel="hopper", name="Gluon Hopper dK/dV (attention/hopper_backward.py)",
                     reason="a Hopper GPU with triton 3.6, a whole sequence, and dtypes, head dim, block size and "

@@ -25,7 +25,7 @@ def _gradients(q, k, v, schedule, d_out, dkdv_kernel):
 
 
 def _check(q, k, v, schedule, seed):
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
     if reason is not None:
         pytest.skip(reason)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device, q.dtype)
@@ -46,7 +46,7 @@ def test_float32_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
     """float32 inputs (any device: on the CPU the interpreter is the reason, on a GPU the dtype)."""
     q, k, v = inputs((1, 2, 128, 64), (1, 1, 128, 64), torch.float32, DEVICE, seed=0)
     schedule = ta.dense_causal_schedule(128, 64, DEVICE)
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule.transpose())
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
     assert isinstance(reason, str) and reason
     assert isinstance(hopper_backward.hopper_dkdv_unsupported_reason(None, None, None, None), str)
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
@@ -89,15 +89,14 @@ def test_both_consumer_forms_match_the_reference(D, consumers):
     B, H, H_kv, S, block_size = 1, 4, 1, 600, 128
     q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
     schedule = random_schedule(torch.Generator().manual_seed(D), S, block_size, lanes=(B, H), device=DEVICE)
-    column = schedule.transpose()
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, column)
+    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
     if reason is not None:
         pytest.skip(reason)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, q.dtype)
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
     delta = (out.float() * d_out.float()).sum(-1)
     config = hopper_backward.dkdv_tile_config(block_size, D, consumers)
-    dk, dv = hopper_backward.hopper_dkdv(q, k, v, d_out, lse, delta, column, D ** -0.5, config)
+    dk, dv = hopper_backward.hopper_dkdv(q, k, v, d_out, lse, delta, schedule.transpose(), D ** -0.5, config)
     _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
     tol = TOLERANCE[q.dtype]
     for grad, ref in ((dk, ref_dk), (dv, ref_dv)):

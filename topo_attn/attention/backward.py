@@ -402,12 +402,12 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
     if dkdv_kernel not in DKDV_KERNELS:
         raise ValueError(f"dkdv_kernel must be one of {', '.join(map(repr, DKDV_KERNELS))}, got {dkdv_kernel!r}")
+    column = schedule.transpose() if needs[1] or needs[2] else None  # dK and dV walk the column schedule
     gluon_dkdv = False
-    if dkdv_kernel != "portable" and (needs[1] or needs[2]):  # the Gluon kernel where it applies, decided here
+    if dkdv_kernel != "portable" and column is not None:  # the Gluon kernel where it applies, decided here
         from .hopper_backward import hopper_dkdv_unsupported_reason
 
-        column = schedule.transpose()
-        reason = "the atomic path asked for" if atomic else hopper_dkdv_unsupported_reason(q, k, v, column)
+        reason = "the atomic path asked for" if atomic else hopper_dkdv_unsupported_reason(q, k, v, schedule)
         if reason is not None and dkdv_kernel == "hopper":
             raise ValueError(f"dkdv_kernel='hopper' cannot run this call: {reason}")
         gluon_dkdv = reason is None
@@ -438,8 +438,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         from .hopper_backward import hopper_dkdv
 
         dk, dv = hopper_dkdv(q, k, v, do, lse, delta, column, scale)
-    elif needs[1] or needs[2]:
-        column = column if dkdv_kernel != "portable" else schedule.transpose()
+    elif column is not None:
         dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
         cfg = config["dkdv"]

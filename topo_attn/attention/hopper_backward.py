@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .hopper import GLUON_MISSING
+from .hopper import GLUON_MISSING, hopper_unsupported_reason
 
 if GLUON_MISSING is None:
     from triton.experimental import gluon
@@ -40,7 +40,7 @@ if GLUON_MISSING is None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-    from .forward import INTERPRETED, LOG2E, device_capability, tma_eligible
+    from .forward import LOG2E, tma_eligible
     from .hopper import shared_layout
     from ..launch import Tiles, launch
 
@@ -284,32 +284,15 @@ def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = Non
                 maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0)
 
 
-def hopper_dkdv_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, column) -> str | None:
+def hopper_dkdv_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
     """Why :func:`hopper_dkdv` cannot take this call, or ``None`` when it can: the Gluon forward's conditions
-    (:func:`~topo_attn.attention.hopper.hopper_unsupported_reason`, on the row schedule's terms) plus a whole
-    sequence (``L == S``). ``column``: the column (transposed) schedule. Never raises."""
-    try:
-        if GLUON_MISSING is not None:
-            return GLUON_MISSING
-        if INTERPRETED:
-            return "Triton interpreter (the Gluon kernel needs a compiled Hopper target)"
-        if q.device.type != "cuda" or device_capability(q.device) != (9, 0):
-            return "not a Hopper GPU"
-        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-            return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
-        if q.ndim != 4 or k.ndim != 4 or q.shape[-1] not in (64, 128):
-            return "inputs not [B, H, S, D] with head dim 64 or 128"
-        if q.shape[2] != k.shape[2]:
-            return "not a whole sequence (L < S)"
-        block_size = getattr(column, "block_size", None)
-        if not getattr(column, "transposed", False) or block_size is None or block_size < 64 or \
-                block_size & (block_size - 1):
-            return f"not a column BlockSchedule with a block size a power of two >= 64 ({block_size})"
-        if not tma_eligible(q, k, v):
-            return "strides not TMA-addressable (last stride 1, base and other strides 16-byte aligned)"
-        return None
-    except Exception as error:  # noqa: BLE001 - a reason, never an exception
-        return f"could not inspect the inputs ({type(error).__name__}: {error})"
+    (:func:`~topo_attn.attention.hopper.hopper_unsupported_reason`: a Hopper GPU with triton 3.6, fp16/bf16, head
+    dim 64 or 128, a block size a power of two >= 64, TMA-addressable q, k, v) plus a whole sequence
+    (``L == S``). ``schedule``: the forward's row schedule. Never raises."""
+    reason = hopper_unsupported_reason(q, k, v, schedule)
+    if reason is not None:
+        return reason
+    return None if q.shape[2] == k.shape[2] else "not a whole sequence (L < S)"
 
 
 def hopper_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

@@ -34,7 +34,7 @@ def choices(report: dict) -> list[tuple[str, str]]:
     kern = report["kernels"]
     found = [("forward", kern["forward"]["reason"]), ("forward_with_grad", kern["forward_with_grad"]["reason"]),
              ("decode", kern["decode"]["reason"]), ("schedule_builder", kern["schedule_builder"]["reason"]),
-             ("dkdv", kern["dkdv"]["reason"]),
+             ("gluon_backward", kern["gluon_backward"]["reason"]),
              ("direct_launch", report["triton_state"]["direct_launch_reason"])]
     found += [(f"backward {when}", choice["reason"]) for when, choice in kern["backward"].items()]
     return found
@@ -55,8 +55,8 @@ def test_text_names_the_interpreter_and_a_reason_for_each_kernel():
         assert f"\n  {label}" in out or f"\n{label}" in out, label
     assert "portable Triton forward" in out and "the Gluon Hopper forward does not apply:" in out
     assert "decode           not used: not a decode step" in out
-    assert "dK/dV            portable Triton dK/dV (attention/backward.py): the Gluon Hopper dK/dV does not apply:" \
-        in out
+    assert "dQ, dK/dV        portable Triton dQ and dK/dV (attention/backward.py): the Gluon Hopper backward does " \
+           "not" in out
     assert "topology_schedule on the CPU" in out
     assert "q [1, 32, 4096, 128] bfloat16, k/v [1, 8, 4096, 128], 64-token blocks" in out
 
@@ -72,7 +72,7 @@ def test_json_gives_a_reason_for_each_choice():
     assert kern["runs"] is True and kern["call"]["q_len"] == 1 and kern["call"]["device"] == "cpu"
     assert kern["forward"]["kernel"] == "decode" and kern["decode"]["used"] is True
     assert kern["forward_with_grad"]["kernel"] == "portable"  # the interpreter: never the Gluon kernel
-    assert kern["dkdv"]["kernel"] == "portable"
+    assert kern["gluon_backward"]["kernel"] == "portable"
     assert [choice["path"] for choice in kern["backward"].values()] == ["deterministic", "atomic", "deterministic"]
     for which, reason in choices(report):
         assert isinstance(reason, str) and reason.strip(), which

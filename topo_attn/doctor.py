@@ -189,18 +189,19 @@ def backward_choices() -> dict:
     }
 
 
-def dkdv_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> dict:
-    """Which dK/dV kernel the deterministic backward of this call runs (``dkdv_kernel="auto"``), and why:
-    :func:`~topo_attn.attention.hopper_backward.hopper_dkdv_unsupported_reason` on the call's schedule."""
-    from .attention.hopper_backward import hopper_dkdv_unsupported_reason
+def gluon_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> dict:
+    """Which dQ and dK/dV kernels the deterministic backward of this call runs (``dq_kernel="auto"``,
+    ``dkdv_kernel="auto"``), and why: :func:`~topo_attn.attention.hopper_backward.hopper_backward_unsupported_reason`
+    on the call's schedule (one condition for both Gluon kernels)."""
+    from .attention.hopper_backward import hopper_backward_unsupported_reason
 
-    reason = hopper_dkdv_unsupported_reason(q, k, v, schedule)
+    reason = hopper_backward_unsupported_reason(q, k, v, schedule)
     if reason is None:
-        return dict(kernel="hopper", name="Gluon Hopper dK/dV (attention/hopper_backward.py)",
+        return dict(kernel="hopper", name="Gluon Hopper dQ and dK/dV (attention/hopper_dq.py, hopper_backward.py)",
                     reason="a Hopper GPU with triton 3.6, a whole sequence, and dtypes, head dim, block size and "
-                           "layout the kernel takes")
-    return dict(kernel="portable", name="portable Triton dK/dV (attention/backward.py)",
-                reason=f"the Gluon Hopper dK/dV does not apply: {reason}")
+                           "layout the kernels take")
+    return dict(kernel="portable", name="portable Triton dQ and dK/dV (attention/backward.py)",
+                reason=f"the Gluon Hopper backward does not apply: {reason}")
 
 
 def schedule_builder(seq_len: int, block_size: int, device: torch.device) -> dict:
@@ -285,7 +286,7 @@ def decisions(args: argparse.Namespace) -> dict:
         result["decode"] = dict(used=False, reason=decode)
     result["forward_with_grad"] = with_grad
     result["backward"] = backward_choices()
-    result["dkdv"] = dkdv_choice(q, k, v, schedule)
+    result["gluon_backward"] = gluon_backward_choice(q, k, v, schedule)
     if launch.INTERPRETED and dtype == torch.bfloat16:
         result["note"] = ("the interpreter gets bfloat16 matrix operands as float32 copies (its tl.dot has no "
                           "bfloat16)")
@@ -387,7 +388,7 @@ def render(report: dict) -> str:
         for i, (when, choice) in enumerate(bwd.items()):
             row("backward" if i == 0 else "", f"{when}: {choice['path']} path ({choice['reason']}): "
                                               f"{choice['kernels']}")
-        row("dK/dV", f"{kern['dkdv']['name']}: {kern['dkdv']['reason']}")
+        row("dQ, dK/dV", f"{kern['gluon_backward']['name']}: {kern['gluon_backward']['reason']}")
         dec = kern["decode"]
         row("decode", ("split-K decode kernel: " if dec["used"] else "not used: ") + dec["reason"])
         if kern.get("note"):

@@ -1,7 +1,7 @@
-"""The Gluon Hopper dK/dV kernel (``attention/hopper_backward.py``) against the float64 reference and the portable
-Triton dK/dV kernel: dtypes, head dims, block sizes, a partial last block, shared, per-query-head and
-per-key/value-head schedules, GQA, a padded schedule. Each GPU test skips with
-:func:`hopper_dkdv_unsupported_reason`'s words when the Gluon path does not apply (no Hopper GPU, another
+"""The Gluon Hopper backward kernels (dK/dV: ``attention/hopper_backward.py``; dQ: ``attention/hopper_dq.py``)
+against the float64 reference and the portable Triton kernels: dtypes, head dims, block sizes, a partial last
+block, shared, per-query-head and per-key/value-head schedules, GQA, a padded schedule. Each GPU test skips with
+:func:`hopper_backward_unsupported_reason`'s words when the Gluon path does not apply (no Hopper GPU, another
 triton, the interpreter); the CPU tests check that it says so and that asking for it there fails before any
 launch."""
 
@@ -13,27 +13,27 @@ import torch
 import topo_attn as ta
 import topo_attn.attention.backward as backward
 from helpers import DEVICE, TOLERANCE, inputs, padded_copy, random_schedule, reference_grads  # in tests/
-from topo_attn.attention import hopper_backward
+from topo_attn.attention import hopper_backward, hopper_dq
 
 
-def _gradients(q, k, v, schedule, d_out, dkdv_kernel):
-    """(dq, dk, dv) of the kit's backward with the given dK/dV kernel, after the kit's forward."""
+def _gradients(q, k, v, schedule, d_out, kernel):
+    """(dq, dk, dv) of the kit's backward with the given dQ and dK/dV kernels, after the kit's forward."""
     scale = q.shape[-1] ** -0.5
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
     return backward.scheduled_attention_backward(d_out, q, k, v, out, lse, schedule, scale,
-                                                 dkdv_kernel=dkdv_kernel)
+                                                 dkdv_kernel=kernel, dq_kernel=kernel)
 
 
 def _check(q, k, v, schedule, seed):
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
+    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
     if reason is not None:
         pytest.skip(reason)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device, q.dtype)
     dq, dk, dv = _gradients(q, k, v, schedule, d_out, "hopper")
-    _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
-    _, pdk, pdv = _gradients(q, k, v, schedule, d_out, "portable")
+    _, (ref_dq, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
+    pdq, pdk, pdv = _gradients(q, k, v, schedule, d_out, "portable")
     tol = TOLERANCE[q.dtype]
-    for name, grad, ref, portable in (("dk", dk, ref_dk, pdk), ("dv", dv, ref_dv, pdv)):
+    for name, grad, ref, portable in (("dq", dq, ref_dq, pdq), ("dk", dk, ref_dk, pdk), ("dv", dv, ref_dv, pdv)):
         assert grad.dtype == q.dtype and grad.shape == ref.shape and torch.isfinite(grad).all(), name
         size = ref.abs().max().item()
         assert size > 0, "a zero reference gradient would test nothing"
@@ -46,15 +46,20 @@ def test_float32_gives_a_reason_and_asking_fails_before_any_launch(monkeypatch):
     """float32 inputs (any device: on the CPU the interpreter is the reason, on a GPU the dtype)."""
     q, k, v = inputs((1, 2, 128, 64), (1, 1, 128, 64), torch.float32, DEVICE, seed=0)
     schedule = ta.dense_causal_schedule(128, 64, DEVICE)
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
+    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
     assert isinstance(reason, str) and reason
-    assert isinstance(hopper_backward.hopper_dkdv_unsupported_reason(None, None, None, None), str)
+    assert isinstance(hopper_backward.hopper_backward_unsupported_reason(None, None, None, None), str)
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
     monkeypatch.setattr(backward, "launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match="dkdv_kernel='hopper' cannot run this call: "):
         backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="hopper")
     with pytest.raises(ValueError, match="dkdv_kernel must be one of 'auto', 'portable', 'hopper', got 'gluon'"):
         backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dkdv_kernel="gluon")
+    with pytest.raises(ValueError, match="dq_kernel='hopper' cannot run this call: "):
+        backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dq_kernel="hopper",
+                                              needs=(True, False, False))
+    with pytest.raises(ValueError, match="dq_kernel must be one of 'auto', 'portable', 'hopper', got None"):
+        backward.scheduled_attention_backward(out, q, k, v, out, lse, schedule, 0.125, dq_kernel=None)
 
 
 @pytest.mark.parametrize("lanes", ["shared", "query heads", "kv heads"])
@@ -89,7 +94,7 @@ def test_both_consumer_forms_match_the_reference(D, consumers):
     B, H, H_kv, S, block_size = 1, 4, 1, 600, 128
     q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
     schedule = random_schedule(torch.Generator().manual_seed(D), S, block_size, lanes=(B, H), device=DEVICE)
-    reason = hopper_backward.hopper_dkdv_unsupported_reason(q, k, v, schedule)
+    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
     if reason is not None:
         pytest.skip(reason)
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, q.dtype)
@@ -103,3 +108,27 @@ def test_both_consumer_forms_match_the_reference(D, consumers):
         size = ref.abs().max().item()
         assert size > 0
         torch.testing.assert_close(grad.double(), ref, atol=tol * size, rtol=tol)
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("D", [64, 128])
+def test_both_dq_consumer_forms_match_the_reference(D, consumers):
+    """dQ by one consumer warp group per 64-row tile or two per 128-row tile, through ``hopper_dq`` with its
+    configuration given; blocks of 128, GQA, per-query-head rows, a partial last block."""
+    B, H, H_kv, S, block_size = 1, 4, 2, 600, 128
+    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
+    schedule = random_schedule(torch.Generator().manual_seed(D + 1), S, block_size, lanes=(B, H), density=0.5,
+                               device=DEVICE)
+    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
+    if reason is not None:
+        pytest.skip(reason)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, q.dtype)
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    delta = (out.float() * d_out.float()).sum(-1)
+    config = hopper_dq.dq_tile_config(block_size, D, consumers)
+    dq = hopper_dq.hopper_dq(q, k, v, d_out, lse, delta, schedule, D ** -0.5, config)
+    _, (ref_dq, _, _) = reference_grads(q, k, v, schedule, d_out)
+    size = ref_dq.abs().max().item()
+    assert size > 0
+    tol = TOLERANCE[q.dtype]
+    torch.testing.assert_close(dq.double(), ref_dq, atol=tol * size, rtol=tol)

@@ -349,8 +349,8 @@ def backward_tile_config(block_size: int, head_dim: int, dtype: torch.dtype) -> 
     return dict(dq=as_dict(*dq), dkdv=as_dict(*dkdv))
 
 
-DKDV_KERNELS = ("auto", "portable", "hopper")
-"""The ``dkdv_kernel`` choices of :func:`scheduled_attention_backward`."""
+KERNEL_CHOICES = ("auto", "portable", "hopper")
+"""The ``dq_kernel`` and ``dkdv_kernel`` choices of :func:`scheduled_attention_backward`."""
 
 
 def backward_path(deterministic: bool = True) -> str:
@@ -366,7 +366,8 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  needs: tuple[bool, bool, bool] = (True, True, True),
                                  config: dict | None = None,
                                  path: str = "deterministic",
-                                 dkdv_kernel: str = "auto") -> tuple[torch.Tensor | None, ...]:
+                                 dkdv_kernel: str = "auto",
+                                 dq_kernel: str = "auto") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
     here). ``path`` (from :func:`backward_path`): ``"deterministic"``, delta, dQ over the row schedule and
     dK/dV over the column schedule, no atomics; or ``"atomic"``, delta then dK/dV over the column schedule with
@@ -384,9 +385,11 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         config: overrides :func:`backward_tile_config` (same keys).
         dkdv_kernel: ``"auto"`` (the default) runs the Gluon warp-specialised dK/dV kernel
             (:mod:`topo_attn.attention.hopper_backward`) on the deterministic path where it applies
-            (:func:`~topo_attn.attention.hopper_backward.hopper_dkdv_unsupported_reason`), else
+            (:func:`~topo_attn.attention.hopper_backward.hopper_backward_unsupported_reason`), else
             :func:`attention_bwd_dkdv_kernel`; ``"portable"`` always the latter; ``"hopper"`` the Gluon one or a
             ``ValueError`` saying why it cannot run, before any launch.
+        dq_kernel: the same choice for dQ on the deterministic path: the Gluon dQ kernel
+            (:mod:`topo_attn.attention.hopper_dq`) under the same conditions, or :func:`attention_bwd_dq_kernel`.
 
     Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
     batch, heads, q_len, head_dim = q.shape
@@ -400,17 +403,22 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
     lane_heads, group = (0, 1) if shared else (schedule.lanes[1], heads // schedule.lanes[1])
     lse = lse.contiguous()
     atomic = path == "atomic" and needs[0] and (needs[1] or needs[2])
-    if dkdv_kernel not in DKDV_KERNELS:
-        raise ValueError(f"dkdv_kernel must be one of {', '.join(map(repr, DKDV_KERNELS))}, got {dkdv_kernel!r}")
+    for name, choice in (("dkdv_kernel", dkdv_kernel), ("dq_kernel", dq_kernel)):
+        if choice not in KERNEL_CHOICES:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, KERNEL_CHOICES))}, got {choice!r}")
     column = schedule.transpose() if needs[1] or needs[2] else None  # dK and dV walk the column schedule
-    gluon_dkdv = False
-    if dkdv_kernel != "portable" and column is not None:  # the Gluon kernel where it applies, decided here
-        from .hopper_backward import hopper_dkdv_unsupported_reason
+    # -- the Gluon kernels where they apply, decided here, before any launch
+    wanted = {name: choice != "portable" and used for name, choice, used in (
+        ("dkdv_kernel", dkdv_kernel, column is not None), ("dq_kernel", dq_kernel, needs[0]))}
+    reason = None
+    if any(wanted.values()):
+        from .hopper_backward import hopper_backward_unsupported_reason
 
-        reason = "the atomic path asked for" if atomic else hopper_dkdv_unsupported_reason(q, k, v, schedule)
-        if reason is not None and dkdv_kernel == "hopper":
-            raise ValueError(f"dkdv_kernel='hopper' cannot run this call: {reason}")
-        gluon_dkdv = reason is None
+        reason = "the atomic path asked for" if atomic else hopper_backward_unsupported_reason(q, k, v, schedule)
+        for name, choice in (("dkdv_kernel", dkdv_kernel), ("dq_kernel", dq_kernel)):
+            if reason is not None and wanted[name] and choice == "hopper":
+                raise ValueError(f"{name}='hopper' cannot run this call: {reason}")
+    gluon_dkdv, gluon_dq = (reason is None and wanted[name] for name in ("dkdv_kernel", "dq_kernel"))
 
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)
@@ -421,7 +429,11 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
     # -- dQ over the row schedule (deterministic), or a zeroed float32 buffer the dK/dV kernel adds to (atomic)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if atomic else None
-    if needs[0] and not atomic:
+    if gluon_dq:
+        from .hopper_dq import hopper_dq
+
+        dq = hopper_dq(q, k, v, do, lse, delta, schedule, scale)
+    elif needs[0] and not atomic:
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cfg = config["dq"]
         tile0 = q_offset // cfg["BLOCK_M"] * cfg["BLOCK_M"]

@@ -56,10 +56,10 @@ except Exception as error:  # noqa: BLE001 - ImportError, AttributeError, ...: a
 if GLUON_MISSING is None:  # (GLUON_MISSING: why this triton cannot run the Gluon kernels, or None)
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready, v_empty,
-                        Indices, first, n_steps, batch, head, kv_head, q_row,
-                        BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                        CONSUMERS: gl.constexpr):
+    def row_load_partition(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
+                           v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
+                           BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                           CONSUMERS: gl.constexpr):
         """One warp: TMA loads of the Q tile (one piece per consumer), then of the K and V tiles of key steps
         ``0 .. n_steps - 1`` of the CSR row starting at entry ``first`` (step ``t``: sub-tile ``t % SUBTILES`` of
         block ``Indices[first + t // SUBTILES]``), each into ring stage ``t % NUM_STAGES`` once every consumer
@@ -269,9 +269,9 @@ if GLUON_MISSING is None:  # (GLUON_MISSING: why this triton cannot run the Gluo
                                        k_empty, v_ready, v_empty, n_steps, has_diagonal, qk_scale, q_len, batch, head,
                                        q_row, stride_lb, stride_lh, Q_ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                        RETURN_LSE, num_warps, 0)),
-                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
-                                   v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
-                                   BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
+                (row_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                                      v_ready, v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
+                                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
             ], [1], [24])
         else:
             gl.warp_specialize([
@@ -283,9 +283,9 @@ if GLUON_MISSING is None:  # (GLUON_MISSING: why this triton cannot run the Gluo
                                        k_empty, v_ready, v_empty, n_steps, has_diagonal, qk_scale, q_len, batch, head,
                                        q_row, stride_lb, stride_lh, Q_ROWS, BLOCK_N, HEAD_DIM, NUM_STAGES,
                                        RETURN_LSE, num_warps, Q_ROWS)),
-                (_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty, v_ready,
-                                   v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
-                                   BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
+                (row_load_partition, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, k_ready, k_empty,
+                                      v_ready, v_empty, Indices, first, n_steps, batch, head, kv_head, q_row,
+                                      BLOCK_SIZE, BLOCK_N, NUM_STAGES, CONSUMERS)),
             ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 

@@ -23,7 +23,7 @@ roles of queries and keys swapped:
 Queries past ``S`` read as zeros (TMA) with a log-sum-exp of ``+inf``, so their ``P`` is 0.
 
 Supported: fp16/bf16, head dim 64 or 128, block size a power of two >= 64, shared or per-lane column schedules,
-GQA, a whole sequence (``L == S``), TMA-addressable q, k, v, dO. :func:`hopper_dkdv_unsupported_reason` says why
+GQA, a whole sequence (``L == S``), TMA-addressable q, k, v, dO. :func:`hopper_backward_unsupported_reason` says why
 a call falls outside. The Gluon API targeted is triton 3.6's; the module imports without it (or without a GPU),
 and then every call is unsupported.
 """
@@ -284,7 +284,7 @@ def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = Non
                 maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0)
 
 
-def hopper_dkdv_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
+def hopper_backward_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
     """Why :func:`hopper_dkdv` cannot take this call, or ``None`` when it can: the Gluon forward's conditions
     (:func:`~topo_attn.attention.hopper.hopper_unsupported_reason`: a Hopper GPU with triton 3.6, fp16/bf16, head
     dim 64 or 128, a block size a power of two >= 64, TMA-addressable q, k, v) plus a whole sequence
@@ -298,7 +298,7 @@ def hopper_dkdv_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Te
 def hopper_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                 delta: torch.Tensor, column, scale: float, config: dict | None = None) -> tuple[torch.Tensor, ...]:
     """dK and dV by :func:`hopper_attention_bwd_dkdv_kernel`, on inputs already validated by
-    ``scheduled_attention`` and accepted by :func:`hopper_dkdv_unsupported_reason` (nothing is checked here).
+    ``scheduled_attention`` and accepted by :func:`hopper_backward_unsupported_reason` (nothing is checked here).
 
     Arguments:
         q, do: ``[B, H, S, D]``; k, v: ``[B, H_kv, S, D]``; lse, delta: ``[B, H, S]`` float32 with the same

@@ -1,7 +1,8 @@
 """Benchmark (not a test): the Gluon Hopper dK/dV kernel against the portable one, on #22's rule at n/8 (window 1,
 one sink, a shared schedule from ``topology_schedule``), bf16, B 1. Per case it times with ``triton.testing.do_bench``
 (warm-up 5, 40 ms): the preprocess plus dK/dV alone (``needs=(False, True, True)``) and the whole backward, for
-``dkdv_kernel="portable"``, ``"hopper"`` (its default configuration) and the other consumer form, and the largest
+``dkdv_kernel="portable"``, ``"hopper"`` (its default configuration), the other consumer form and the pipelined
+form (``dkdv_tile_config(pipeline=True)``), and the largest
 difference of dK and dV from the portable kernel's, relative to the portable's largest entry. Prints one line per
 case; ``data/benchmarks/dkdv_h100.json`` holds a run. ``python tests/bench_dkdv.py`` on a Hopper GPU with triton 3.6.
 """
@@ -32,10 +33,12 @@ def main() -> None:
         out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
         res = {}
         other = "hopper_c2" if bs >= 128 and D == 128 else "hopper_c1"  # the form the default does not take
-        for name in ("portable", "hopper", other):
+        for name in ("portable", "hopper", other, "hopper_pipelined"):
             kernel = "portable" if name == "portable" else "hopper"
             if name.startswith("hopper_c"):  # the launcher reads the module's configuration
-                hb.dkdv_tile_config = lambda b, d, c=None, forced=int(name[-1]): default_config(b, d, forced)
+                hb.dkdv_tile_config = lambda b, d, c=None, p=False, forced=int(name[-1]): default_config(b, d, forced)
+            if name == "hopper_pipelined":
+                hb.dkdv_tile_config = lambda b, d, c=None, p=False: default_config(b, d, c, True)
             try:
                 def dkdv():
                     return bw.scheduled_attention_backward(do, q, k, v, out, lse, schedule, scale,

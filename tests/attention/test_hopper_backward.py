@@ -86,11 +86,13 @@ def test_a_padded_schedule_and_a_model_layout():
     _check(q, k, v, padded_copy(schedule, 37), seed=4)
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "pipelined"])
 @pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("D", [64, 128])
-def test_both_consumer_forms_match_the_reference(D, consumers):
-    """One consumer warp group per 64-key tile, or two sharing each Q/dO stage of a 128-key tile (the other form
-    than the default for each head dim), through ``hopper_dkdv`` with its configuration given."""
+def test_both_consumer_forms_match_the_reference(D, consumers, pipeline):
+    """One consumer warp group per 64-key tile, or two sharing each Q/dO stage of a 128-key tile, each plain or
+    with the dK product of a step under the next step's exponentials, through ``hopper_dkdv`` with its
+    configuration given. GQA (a group of 4: each head's column ends its own pipeline)."""
     B, H, H_kv, S, block_size = 1, 4, 1, 600, 128
     q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
     schedule = random_schedule(torch.Generator().manual_seed(D), S, block_size, lanes=(B, H), device=DEVICE)
@@ -100,7 +102,7 @@ def test_both_consumer_forms_match_the_reference(D, consumers):
     d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, q.dtype)
     out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
     delta = (out.float() * d_out.float()).sum(-1)
-    config = hopper_backward.dkdv_tile_config(block_size, D, consumers)
+    config = hopper_backward.dkdv_tile_config(block_size, D, consumers, pipeline)
     dk, dv = hopper_backward.hopper_dkdv(q, k, v, d_out, lse, delta, schedule.transpose(), D ** -0.5, config)
     _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
     tol = TOLERANCE[q.dtype]

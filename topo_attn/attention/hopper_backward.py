@@ -110,13 +110,49 @@ if GLUON_MISSING is None:
                 t += 1
 
     @gluon.jit
+    def _pipelined_step(t, i, k, v, q_smem, do_smem, ds_op, dk, dv, keys, lse, delta, queries, qk_scale, q_ready,
+                        q_empty, do_ready, do_empty, st_layout: gl.constexpr, a_layout: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr):
+        """Query step ``i`` of a head's column (ring position ``t``): ``S^T``, ``dP^T`` and the previous step's
+        ``dK += dS^T Q`` in flight together; ``P^T`` while ``dP^T`` and that product run; ``dV += P^T dO``;
+        ``dS^T``. Releases dO now and the previous step's Q (its ``dK`` product done). Returns this step's
+        ``dS^T`` (its ``dK`` product is the next step's, or the head's drain) and ``dk``, ``dv``."""
+        stage = t % NUM_STAGES
+        previous = (t - 1) % NUM_STAGES
+        phase = (t // NUM_STAGES) & 1
+        mbarrier.wait(q_ready.index(stage), phase)
+        q_tile = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                           use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        do_tile = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+        dpt = warpgroup_mma(v, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                            use_acc=False, is_async=True)
+        # the previous step's dK product; a head's first step has none: it adds dS^T = 0 times its own Q tile
+        q_previous = q_smem.index(gl.where(i > 0, previous, stage)).reshape([BLOCK_M, HEAD_DIM])
+        dk = warpgroup_mma(ds_op, q_previous, dk, is_async=True)
+        st = warpgroup_mma_wait(num_outstanding=2, deps=(st, ))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        pt = gl.where(queries[None, :] >= keys[:, None], pt, 0.0)
+        pt_op = gl.convert_layout(pt.to(k.dtype), a_layout)
+        dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+        dpt = warpgroup_mma_wait(num_outstanding=2, deps=(dpt, ))
+        ds_next = gl.convert_layout((pt * (dpt - delta[None, :])).to(k.dtype), a_layout)
+        dk, dv, ds_op, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, dv, ds_op, pt_op))
+        mbarrier.arrive(do_empty.index(stage), count=1)
+        if i > 0:
+            mbarrier.arrive(q_empty.index(previous), count=1)
+        return ds_next, dk, dv
+
+    @gluon.jit
     def _dkdv_consumer_partition(dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
                                  kv_ready, q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices,
                                  batch, kv_head, k_block, start_n, seq_len, kv_group, lane_heads, lane_group,
                                  lane_row_stride, qk_scale, sm_scale, stride_lb, stride_lh,
                                  BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                                  HEAD_DIM: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr,
-                                 SUB_KEY: gl.constexpr):
+                                 SUB_KEY: gl.constexpr, PIPELINE: gl.constexpr):
         """One warp group owning keys ``start_n + SUB_KEY .. + BLOCK_N`` of the program's key tile (``k_smem``,
         ``v_smem``, ``kv_ready``: its pieces): their dK and dV over every query step (see the module docstring),
         then the epilogue."""
@@ -143,38 +179,57 @@ if GLUON_MISSING is None:
                                                             seq_len, lane_heads, lane_group, lane_row_stride,
                                                             BLOCK_SIZE, BLOCK_M)
             lane_offset = batch.to(gl.int64) * stride_lb + head.to(gl.int64) * stride_lh
-            for i in range(n_steps):
-                start_m = _step_start(ColIndices, off_diagonal, diagonal_steps, i, start_n, BLOCK_SIZE, BLOCK_M)
-                stage = t % NUM_STAGES
-                phase = (t // NUM_STAGES) & 1
-                # -- the step's log-sum-exp (base 2) and delta; +inf past the queries, so that P = 0 there
-                queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                inside = queries < seq_len
-                lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
-                delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
-                # -- S^T = K Q^T and dP^T = V dO^T, both asynchronous
-                mbarrier.wait(q_ready.index(stage), phase)
-                q_tile = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                st = warpgroup_mma(k, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                                   use_acc=False, is_async=True)
-                mbarrier.wait(do_ready.index(stage), phase)
-                do_tile = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                dpt = warpgroup_mma(v, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                                    use_acc=False, is_async=True)
-                # -- P^T, causal (queries at or after the key; a no-op off the diagonal); dV += P^T dO
-                st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-                pt = gl.exp2(st * qk_scale - lse[None, :])
-                pt = gl.where(queries[None, :] >= keys[:, None], pt, 0.0)
-                pt_op = gl.convert_layout(pt.to(dtype), a_layout)
-                dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
-                # -- dS^T = P^T (dP^T - delta); dK += dS^T Q
-                dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-                ds_op = gl.convert_layout((pt * (dpt - delta[None, :])).to(dtype), a_layout)
-                dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
-                dv, dk, pt_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, ds_op))
-                mbarrier.arrive(q_empty.index(stage), count=1)
-                mbarrier.arrive(do_empty.index(stage), count=1)
-                t += 1
+            if PIPELINE:  # the dK product of each step runs under the next step's exponentials
+                ds_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, a_layout)
+                for i in range(n_steps):
+                    start_m = _step_start(ColIndices, off_diagonal, diagonal_steps, i, start_n, BLOCK_SIZE,
+                                          BLOCK_M)
+                    queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                    inside = queries < seq_len
+                    lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
+                    delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
+                    ds_op, dk, dv = _pipelined_step(t, i, k, v, q_smem, do_smem, ds_op, dk, dv, keys, lse, delta,
+                                                    queries, qk_scale, q_ready, q_empty, do_ready, do_empty,
+                                                    st_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
+                    t += 1
+                if n_steps > 0:  # the head's drain: its last step's dK product, then release that Q tile
+                    last = (t - 1) % NUM_STAGES
+                    dk = warpgroup_mma(ds_op, q_smem.index(last).reshape([BLOCK_M, HEAD_DIM]), dk, is_async=True)
+                    dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+                    mbarrier.arrive(q_empty.index(last), count=1)
+            else:
+                for i in range(n_steps):
+                    start_m = _step_start(ColIndices, off_diagonal, diagonal_steps, i, start_n, BLOCK_SIZE, BLOCK_M)
+                    stage = t % NUM_STAGES
+                    phase = (t // NUM_STAGES) & 1
+                    # -- the step's log-sum-exp (base 2) and delta; +inf past the queries, so that P = 0 there
+                    queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+                    inside = queries < seq_len
+                    lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
+                    delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
+                    # -- S^T = K Q^T and dP^T = V dO^T, both asynchronous
+                    mbarrier.wait(q_ready.index(stage), phase)
+                    q_tile = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+                    st = warpgroup_mma(k, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                                       use_acc=False, is_async=True)
+                    mbarrier.wait(do_ready.index(stage), phase)
+                    do_tile = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
+                    dpt = warpgroup_mma(v, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
+                                        use_acc=False, is_async=True)
+                    # -- P^T, causal (queries at or after the key; a no-op off the diagonal); dV += P^T dO
+                    st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+                    pt = gl.exp2(st * qk_scale - lse[None, :])
+                    pt = gl.where(queries[None, :] >= keys[:, None], pt, 0.0)
+                    pt_op = gl.convert_layout(pt.to(dtype), a_layout)
+                    dv = warpgroup_mma(pt_op, do_tile, dv, is_async=True)
+                    # -- dS^T = P^T (dP^T - delta); dK += dS^T Q
+                    dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+                    ds_op = gl.convert_layout((pt * (dpt - delta[None, :])).to(dtype), a_layout)
+                    dk = warpgroup_mma(ds_op, q_tile, dk, is_async=True)
+                    dv, dk, pt_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk, pt_op, ds_op))
+                    mbarrier.arrive(q_empty.index(stage), count=1)
+                    mbarrier.arrive(do_empty.index(stage), count=1)
+                    t += 1
 
         # -- one factor of the softmax scale for dK; store both through the (now free) K and V buffers
         k.store((dk * sm_scale).to(dtype))
@@ -191,7 +246,8 @@ if GLUON_MISSING is None:
         seq_len, kv_heads, kv_group, lane_heads, lane_group, lane_row_stride,  # lane_row_stride: 0 when shared
         stride_lb, stride_lh,  # Lse and Delta: [B, H, S], the same strides
         BLOCK_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-        NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        NUM_STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PIPELINE: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         """Grid ``(cdiv(S, BLOCK_N), B * H_kv)``: ``dK``, ``dV [B, H_kv, S, D]`` of keys ``BLOCK_N * i ..`` of
         key/value lane ``(b, h_kv)``, summed over the ``kv_group`` query heads of the group. ``q_desc``/``do_desc``:
@@ -241,7 +297,7 @@ if GLUON_MISSING is None:
                                             ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
                                             lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
                                             stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
-                                            0)),
+                                            0, PIPELINE)),
                 (_dkdv_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
                                         q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices, batch, kv_head,
                                         k_block, start_n, seq_len, kv_group, lane_heads, lane_group, lane_row_stride,
@@ -254,13 +310,13 @@ if GLUON_MISSING is None:
                                             ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
                                             lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
                                             stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
-                                            0)),
+                                            0, PIPELINE)),
                 (_dkdv_consumer_partition, (dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem.index(1),
                                             v_smem.index(1), kv_ready.index(1), q_ready, q_empty, do_ready, do_empty,
                                             ColOffsets, ColIndices, batch, kv_head, k_block, start_n, seq_len, kv_group,
                                             lane_heads, lane_group, lane_row_stride, qk_scale, sm_scale, stride_lb,
                                             stride_lh, BLOCK_SIZE, BLOCK_M, KEY_ROWS, HEAD_DIM, NUM_STAGES, num_warps,
-                                            KEY_ROWS)),
+                                            KEY_ROWS, PIPELINE)),
                 (_dkdv_load_partition, (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready,
                                         q_ready, q_empty, do_ready, do_empty, ColOffsets, ColIndices, batch, kv_head,
                                         k_block, start_n, seq_len, kv_group, lane_heads, lane_group, lane_row_stride,
@@ -268,20 +324,23 @@ if GLUON_MISSING is None:
             ], [num_warps, 1], [CONSUMER_REGS, 24])
 
 
-def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = None) -> dict:
+def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = None,
+                     pipeline: bool = False) -> dict:
     """Launch configuration of :func:`hopper_attention_bwd_dkdv_kernel`: 64-query steps; ``CONSUMERS`` warp
     groups of 64 keys each (``num_warps`` 4 per group, the load warp on top), so ``BLOCK_N = 64 * CONSUMERS``
     keys per program; a ring of ``NUM_STAGES`` Q/dO stages; the per-thread register cap ``maxnreg`` at launch and
-    ``CONSUMER_REGS``, the second consumer's registers. ``consumers``: 1 or 2 (default: 2 at head dim 64 where a
-    128-key tile fits a block, ``block_size >= 128``, else 1: at head dim 128 the first consumer, capped at the
-    launch's 168 registers, spills 272 bytes, where one consumer at 240 spills 36). Not tuned yet (first guesses
-    after the forward's: dK and dV take ``D`` float32 registers per thread, S^T and dP^T 32 each)."""
+    ``CONSUMER_REGS``, the second consumer's registers; ``PIPELINE``: whether each step's ``dK`` product runs
+    under the next step's exponentials (a Q tile then stays two steps in the ring, so the ring gets a stage more).
+    ``consumers``: 1 or 2 (default: 2 at head dim 64 where a 128-key tile fits a block, ``block_size >= 128``,
+    else 1: at head dim 128 the first consumer, capped at the launch's 168 registers, spills 272 bytes, where one
+    consumer at 240 spills 36). Not tuned yet (first guesses after the forward's: dK and dV take ``D`` float32
+    registers per thread, S^T and dP^T 32 each)."""
     consumers = consumers or (2 if block_size >= 128 and head_dim <= 64 else 1)
     if consumers == 2:
-        return dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2, CONSUMERS=2, num_warps=4, maxnreg=168,
-                    CONSUMER_REGS=240)
-    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3 if head_dim <= 64 else 2, CONSUMERS=1, num_warps=4,
-                maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0)
+        return dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2 + pipeline, CONSUMERS=2, num_warps=4, maxnreg=168,
+                    CONSUMER_REGS=240, PIPELINE=pipeline)
+    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=(3 if head_dim <= 64 else 2) + pipeline, CONSUMERS=1,
+                num_warps=4, maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0, PIPELINE=pipeline)
 
 
 def hopper_backward_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
@@ -331,6 +390,6 @@ def hopper_dkdv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     ), dict(
         BLOCK_SIZE=column.block_size, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
         NUM_STAGES=config["NUM_STAGES"], CONSUMERS=config["CONSUMERS"], CONSUMER_REGS=config["CONSUMER_REGS"],
-        num_warps=config["num_warps"], maxnreg=config["maxnreg"],
+        PIPELINE=config["PIPELINE"], num_warps=config["num_warps"], maxnreg=config["maxnreg"],
     ))
     return dk, dv

@@ -21,7 +21,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "topo_attn"
 ATTENTION_KERNELS = ("topo_attn.attention.forward", "topo_attn.attention.backward", "topo_attn.attention.decode",
-                     "topo_attn.attention.hopper", "topo_attn.attention.hopper_backward")
+                     "topo_attn.attention.hopper", "topo_attn.attention.hopper_backward",
+                     "topo_attn.attention.hopper_dq")
 LAUNCH = "topo_attn.launch"
 """The launch path that every kernel group may import (it imports nothing of the package)."""
 GPU_KERNELS = "topo_attn.topology.gpu"

@@ -19,18 +19,24 @@ CASES = [(32, 32, 128, 128, 16384), (32, 32, 128, 64, 16384), (32, 8, 128, 128, 
          (32, 8, 64, 64, 32768)]  # H, H_kv, D, block size, S
 
 
+def case_inputs(H: int, Hkv: int, D: int, bs: int, S: int):
+    """``(q, k, v, do, schedule, out, lse)`` of one case: bf16 random inputs (seed 0), #22's rule at n/8 on the
+    first key/value head, shared by all lanes, and the forward's output and log-sum-exp."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v, do = torch.randn_like(k), torch.randn_like(q)
+    schedule = ta.topology_schedule(k[:, :1].float(), bs, window=1, sinks=1, topk=S // bs // 8, shared_lane=(0, 0))
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    return q, k, v, do, schedule, out, lse
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     default_config = hb.dkdv_tile_config
     for H, Hkv, D, bs, S in CASES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        v, do = torch.randn_like(k), torch.randn_like(q)
-        n = S // bs
-        schedule = ta.topology_schedule(k[:, :1].float(), bs, window=1, sinks=1, topk=n // 8, shared_lane=(0, 0))
-        scale = D ** -0.5
-        out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+        q, k, v, do, schedule, out, lse = case_inputs(H, Hkv, D, bs, S)
+        n, scale = S // bs, D ** -0.5
         res = {}
         other = "hopper_c2" if bs >= 128 and D == 128 else "hopper_c1"  # the form the default does not take
         for name in ("portable", "hopper", other, "hopper_pipelined"):

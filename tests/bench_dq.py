@@ -11,9 +11,9 @@ import torch
 import triton
 from triton.testing import do_bench
 
-import topo_attn as ta
 import topo_attn.attention.backward as bw
 import topo_attn.attention.hopper_dq as hd
+from bench_dkdv import case_inputs  # tests/, the script's folder
 
 CASES = [(32, 32, 128, 128, 16384), (32, 32, 128, 64, 16384), (32, 8, 128, 128, 16384), (32, 32, 64, 64, 16384),
          (32, 8, 64, 64, 32768), (32, 8, 64, 128, 32768)]  # H, H_kv, D, block size, S
@@ -25,14 +25,8 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     default_config = hd.dq_tile_config
     for H, Hkv, D, bs, S in CASES:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(1, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(1, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        v, do = torch.randn_like(k), torch.randn_like(q)
-        n = S // bs
-        schedule = ta.topology_schedule(k[:, :1].float(), bs, window=1, sinks=1, topk=n // 8, shared_lane=(0, 0))
-        scale = D ** -0.5
-        out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+        q, k, v, do, schedule, out, lse = case_inputs(H, Hkv, D, bs, S)
+        n, scale = S // bs, D ** -0.5
 
         def dq_only(kernel):
             return bw.scheduled_attention_backward(do, q, k, v, out, lse, schedule, scale, needs=(True, False, False),

@@ -1,8 +1,8 @@
 """Benchmark (not a test): the Gluon Hopper dK/dV kernel against the portable one, on #22's rule at n/8 (window 1,
 one sink, a shared schedule from ``topology_schedule``), bf16, B 1. Per case it times with ``triton.testing.do_bench``
 (warm-up 5, 40 ms): the preprocess plus dK/dV alone (``needs=(False, True, True)``) and the whole backward, for
-``dkdv_kernel="portable"``, ``"hopper"`` (its default configuration), the other consumer form and the pipelined
-form (``dkdv_tile_config(pipeline=True)``), and the largest
+``dkdv_kernel="portable"``, ``"hopper"`` (its default configuration), the other consumer form, and the pipelined
+and plain forms (``dkdv_tile_config(pipeline=True / False)``), and the largest
 difference of dK and dV from the portable kernel's, relative to the portable's largest entry. Prints one line per
 case; ``data/benchmarks/dkdv_h100.json`` holds a run. ``python tests/bench_dkdv.py`` on a Hopper GPU with triton 3.6.
 """
@@ -39,12 +39,13 @@ def main() -> None:
         n, scale = S // bs, D ** -0.5
         res = {}
         other = "hopper_c2" if bs >= 128 and D == 128 else "hopper_c1"  # the form the default does not take
-        for name in ("portable", "hopper", other, "hopper_pipelined"):
+        for name in ("portable", "hopper", other, "hopper_pipelined", "hopper_plain"):
             kernel = "portable" if name == "portable" else "hopper"
             if name.startswith("hopper_c"):  # the launcher reads the module's configuration
-                hb.dkdv_tile_config = lambda b, d, c=None, p=False, forced=int(name[-1]): default_config(b, d, forced)
-            if name == "hopper_pipelined":
-                hb.dkdv_tile_config = lambda b, d, c=None, p=False: default_config(b, d, c, True)
+                hb.dkdv_tile_config = lambda b, d, c=None, p=None, forced=int(name[-1]): default_config(b, d, forced)
+            if name in ("hopper_pipelined", "hopper_plain"):
+                hb.dkdv_tile_config = lambda b, d, c=None, p=None, on=name.endswith("pipelined"): default_config(
+                    b, d, c, on)
             try:
                 def dkdv():
                     return bw.scheduled_attention_backward(do, q, k, v, out, lse, schedule, scale,

@@ -190,18 +190,16 @@ def backward_choices() -> dict:
 
 
 def gluon_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> dict:
-    """Which dK/dV kernel the deterministic backward of this call runs by default (``dkdv_kernel="auto"``), and
-    why: :func:`~topo_attn.attention.hopper_backward.hopper_backward_unsupported_reason` on the call's schedule
-    (the condition of both Gluon backward kernels; the Gluon dQ kernel runs only when asked for,
-    ``dq_kernel="auto"`` or ``"hopper"``)."""
+    """Which dQ and dK/dV kernels the deterministic backward of this call runs (``dq_kernel="auto"``,
+    ``dkdv_kernel="auto"``), and why: :func:`~topo_attn.attention.hopper_backward.hopper_backward_unsupported_reason`
+    on the call's schedule (one condition for both Gluon kernels)."""
     from .attention.hopper_backward import hopper_backward_unsupported_reason
 
     reason = hopper_backward_unsupported_reason(q, k, v, schedule)
     if reason is None:
-        return dict(kernel="hopper", name="Gluon Hopper dK/dV (attention/hopper_backward.py)",
+        return dict(kernel="hopper", name="Gluon Hopper dQ and dK/dV (attention/hopper_dq.py, hopper_backward.py)",
                     reason="a Hopper GPU with triton 3.6, a whole sequence, and dtypes, head dim, block size and "
-                           "layout the kernel takes; dQ: the portable kernel unless dq_kernel='auto' or 'hopper' "
-                           "(attention/hopper_dq.py)")
+                           "layout the kernels take")
     return dict(kernel="portable", name="portable Triton dQ and dK/dV (attention/backward.py)",
                 reason=f"the Gluon Hopper backward does not apply: {reason}")
 

@@ -367,7 +367,7 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
                                  config: dict | None = None,
                                  path: str = "deterministic",
                                  dkdv_kernel: str = "auto",
-                                 dq_kernel: str = "portable") -> tuple[torch.Tensor | None, ...]:
+                                 dq_kernel: str = "auto") -> tuple[torch.Tensor | None, ...]:
     """Gradients of the forward, on inputs already validated by ``scheduled_attention`` (nothing is checked
     here). ``path`` (from :func:`backward_path`): ``"deterministic"``, delta, dQ over the row schedule and
     dK/dV over the column schedule, no atomics; or ``"atomic"``, delta then dK/dV over the column schedule with
@@ -389,8 +389,8 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
             :func:`attention_bwd_dkdv_kernel`; ``"portable"`` always the latter; ``"hopper"`` the Gluon one or a
             ``ValueError`` saying why it cannot run, before any launch.
         dq_kernel: the same choice for dQ on the deterministic path, between the Gluon dQ kernel
-            (:mod:`topo_attn.attention.hopper_dq`, under the same conditions) and :func:`attention_bwd_dq_kernel`;
-            the default ``"portable"`` keeps the latter until the Gluon dQ kernel has been measured on a GPU.
+            (:mod:`topo_attn.attention.hopper_dq`, under the same conditions; the default ``"auto"`` takes it) and
+            :func:`attention_bwd_dq_kernel`.
 
     Returns ``(dq, dk, dv)`` in the inputs' shapes and dtype, contiguous (or ``None`` where not needed)."""
     batch, heads, q_len, head_dim = q.shape

@@ -325,7 +325,7 @@ if GLUON_MISSING is None:
 
 
 def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = None,
-                     pipeline: bool = False) -> dict:
+                     pipeline: bool | None = None) -> dict:
     """Launch configuration of :func:`hopper_attention_bwd_dkdv_kernel`: 64-query steps; ``CONSUMERS`` warp
     groups of 64 keys each (``num_warps`` 4 per group, the load warp on top), so ``BLOCK_N = 64 * CONSUMERS``
     keys per program; a ring of ``NUM_STAGES`` Q/dO stages; the per-thread register cap ``maxnreg`` at launch and
@@ -333,9 +333,12 @@ def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = Non
     under the next step's exponentials (a Q tile then stays two steps in the ring, so the ring gets a stage more).
     ``consumers``: 1 or 2 (default: 2 at head dim 64 where a 128-key tile fits a block, ``block_size >= 128``,
     else 1: at head dim 128 the first consumer, capped at the launch's 168 registers, spills 272 bytes, where one
-    consumer at 240 spills 36). Not tuned yet (first guesses after the forward's: dK and dV take ``D`` float32
-    registers per thread, S^T and dP^T 32 each)."""
+    consumer at 240 spills 36). ``pipeline``: default on for one consumer at head dim 64 only, where it measured
+    5-8% faster (H100, ``data/benchmarks/dq_h100.json``); with two consumers it measured 4% slower and at head dim
+    128 (spilling 108 bytes) 24% slower."""
     consumers = consumers or (2 if block_size >= 128 and head_dim <= 64 else 1)
+    if pipeline is None:
+        pipeline = consumers == 1 and head_dim <= 64
     if consumers == 2:
         return dict(BLOCK_M=64, BLOCK_N=128, NUM_STAGES=2 + pipeline, CONSUMERS=2, num_warps=4, maxnreg=168,
                     CONSUMER_REGS=240, PIPELINE=pipeline)

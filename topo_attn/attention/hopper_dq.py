@@ -273,14 +273,15 @@ def dq_tile_config(block_size: int, head_dim: int, consumers: int | None = None)
     (``BLOCK_M = 64 * CONSUMERS``; default 2 where a 128-row tile fits a block, ``block_size >= 128``, as the
     forward), key steps of ``BLOCK_N = 64``, a ring of ``NUM_STAGES`` K/V stages (K stays two steps), ``num_warps``
     per consumer, the register cap ``maxnreg`` at launch and ``CONSUMER_REGS``, the second consumer's registers.
-    First choices, not yet tuned on a GPU."""
+    One consumer at head dim 64 takes 128 registers and a 3-stage ring (66 KB), so two programs share an SM: 1.4-1.5x
+    faster than 168 registers and 4 stages (H100, ``data/benchmarks/dq_h100.json``)."""
     consumers = consumers or (2 if block_size >= 128 else 1)
-    stages = 3 if head_dim > 64 else 4
     if consumers == 2:
-        return dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=stages, CONSUMERS=2, num_warps=4, maxnreg=168,
-                    CONSUMER_REGS=240)
-    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=stages, CONSUMERS=1, num_warps=4,
-                maxnreg=168 if head_dim <= 64 else 240, CONSUMER_REGS=0)
+        return dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=3 if head_dim > 64 else 4, CONSUMERS=2, num_warps=4,
+                    maxnreg=168, CONSUMER_REGS=240)
+    if head_dim <= 64:  # 128 registers and 66 KB: two programs per SM
+        return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, CONSUMERS=1, num_warps=4, maxnreg=128, CONSUMER_REGS=0)
+    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, CONSUMERS=1, num_warps=4, maxnreg=240, CONSUMER_REGS=0)
 
 
 def hopper_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

@@ -409,17 +409,17 @@ def scheduled_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
             raise ValueError(f"{name} must be one of {', '.join(map(repr, KERNEL_CHOICES))}, got {choice!r}")
     column = schedule.transpose() if needs[1] or needs[2] else None  # dK and dV walk the column schedule
     # -- the Gluon kernels where they apply, decided here, before any launch
-    wanted = {name: choice != "portable" and used for name, choice, used in (
-        ("dkdv_kernel", dkdv_kernel, column is not None), ("dq_kernel", dq_kernel, needs[0]))}
-    reason = None
-    if any(wanted.values()):
+    gluon_dkdv = dkdv_kernel != "portable" and column is not None
+    gluon_dq = dq_kernel != "portable" and needs[0]
+    if gluon_dkdv or gluon_dq:
         from .hopper_backward import hopper_backward_unsupported_reason
 
         reason = "the atomic path asked for" if atomic else hopper_backward_unsupported_reason(q, k, v, schedule)
-        for name, choice in (("dkdv_kernel", dkdv_kernel), ("dq_kernel", dq_kernel)):
-            if reason is not None and wanted[name] and choice == "hopper":
-                raise ValueError(f"{name}='hopper' cannot run this call: {reason}")
-    gluon_dkdv, gluon_dq = (reason is None and wanted[name] for name in ("dkdv_kernel", "dq_kernel"))
+        if reason is not None:
+            for name, choice, wanted in (("dkdv_kernel", dkdv_kernel, gluon_dkdv), ("dq_kernel", dq_kernel, gluon_dq)):
+                if wanted and choice == "hopper":
+                    raise ValueError(f"{name}='hopper' cannot run this call: {reason}")
+            gluon_dkdv = gluon_dq = False
 
     # -- delta = rowsum(O * dO)
     delta = torch.empty_like(lse)

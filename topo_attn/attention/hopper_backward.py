@@ -110,6 +110,33 @@ if GLUON_MISSING is None:
                 t += 1
 
     @gluon.jit
+    def _step_rows(Lse, Delta, lane_offset, start_m, seq_len, col_layout: gl.constexpr, BLOCK_M: gl.constexpr):
+        """A query step's positions, log-sum-exp (base 2) and delta; ``+inf`` past the queries, so that P = 0
+        there."""
+        queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        inside = queries < seq_len
+        lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
+        delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
+        return queries, lse, delta
+
+    @gluon.jit
+    def score_products(a, b_smem, b_ready, c, d_smem, d_ready, stage, phase, layout: gl.constexpr,
+                       ROWS: gl.constexpr, COLS: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Wait for ring stage ``stage``'s tiles of ``b_smem`` and ``d_smem`` (``[COLS, HEAD_DIM]`` each) and issue
+        ``a b^T`` and ``c d^T`` (``[ROWS, COLS]`` float32 in ``layout``), both asynchronous: the score pair of a
+        backward step, ``S^T = K Q^T`` and ``dP^T = V dO^T`` for dK/dV, ``S = Q K^T`` and ``dP = dO V^T`` for dQ
+        (:mod:`topo_attn.attention.hopper_dq`). Returns the two tiles and the two products in flight."""
+        mbarrier.wait(b_ready.index(stage), phase)
+        b_tile = b_smem.index(stage).reshape([COLS, HEAD_DIM])
+        first = warpgroup_mma(a, b_tile.permute((1, 0)), gl.zeros([ROWS, COLS], gl.float32, layout),
+                              use_acc=False, is_async=True)
+        mbarrier.wait(d_ready.index(stage), phase)
+        d_tile = d_smem.index(stage).reshape([COLS, HEAD_DIM])
+        second = warpgroup_mma(c, d_tile.permute((1, 0)), gl.zeros([ROWS, COLS], gl.float32, layout),
+                               use_acc=False, is_async=True)
+        return b_tile, d_tile, first, second
+
+    @gluon.jit
     def _pipelined_step(t, i, k, v, q_smem, do_smem, ds_op, dk, dv, keys, lse, delta, queries, qk_scale, q_ready,
                         q_empty, do_ready, do_empty, st_layout: gl.constexpr, a_layout: gl.constexpr,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -121,14 +148,8 @@ if GLUON_MISSING is None:
         stage = t % NUM_STAGES
         previous = (t - 1) % NUM_STAGES
         phase = (t // NUM_STAGES) & 1
-        mbarrier.wait(q_ready.index(stage), phase)
-        q_tile = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                           use_acc=False, is_async=True)
-        mbarrier.wait(do_ready.index(stage), phase)
-        do_tile = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-        dpt = warpgroup_mma(v, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                            use_acc=False, is_async=True)
+        q_tile, do_tile, st, dpt = score_products(k, q_smem, q_ready, v, do_smem, do_ready, stage, phase, st_layout,
+                                                  BLOCK_N, BLOCK_M, HEAD_DIM)
         # the previous step's dK product; a head's first step has none: it adds dS^T = 0 times its own Q tile
         q_previous = q_smem.index(gl.where(i > 0, previous, stage)).reshape([BLOCK_M, HEAD_DIM])
         dk = warpgroup_mma(ds_op, q_previous, dk, is_async=True)
@@ -184,10 +205,7 @@ if GLUON_MISSING is None:
                 for i in range(n_steps):
                     start_m = _step_start(ColIndices, off_diagonal, diagonal_steps, i, start_n, BLOCK_SIZE,
                                           BLOCK_M)
-                    queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                    inside = queries < seq_len
-                    lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
-                    delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
+                    queries, lse, delta = _step_rows(Lse, Delta, lane_offset, start_m, seq_len, col_layout, BLOCK_M)
                     ds_op, dk, dv = _pipelined_step(t, i, k, v, q_smem, do_smem, ds_op, dk, dv, keys, lse, delta,
                                                     queries, qk_scale, q_ready, q_empty, do_ready, do_empty,
                                                     st_layout, a_layout, BLOCK_M, BLOCK_N, HEAD_DIM, NUM_STAGES)
@@ -202,20 +220,10 @@ if GLUON_MISSING is None:
                     start_m = _step_start(ColIndices, off_diagonal, diagonal_steps, i, start_n, BLOCK_SIZE, BLOCK_M)
                     stage = t % NUM_STAGES
                     phase = (t // NUM_STAGES) & 1
-                    # -- the step's log-sum-exp (base 2) and delta; +inf past the queries, so that P = 0 there
-                    queries = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
-                    inside = queries < seq_len
-                    lse = gl.load(Lse + lane_offset + queries, mask=inside, other=float("inf")) * _LOG2E
-                    delta = gl.load(Delta + lane_offset + queries, mask=inside, other=0.0)
+                    queries, lse, delta = _step_rows(Lse, Delta, lane_offset, start_m, seq_len, col_layout, BLOCK_M)
                     # -- S^T = K Q^T and dP^T = V dO^T, both asynchronous
-                    mbarrier.wait(q_ready.index(stage), phase)
-                    q_tile = q_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                    st = warpgroup_mma(k, q_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                                       use_acc=False, is_async=True)
-                    mbarrier.wait(do_ready.index(stage), phase)
-                    do_tile = do_smem.index(stage).reshape([BLOCK_M, HEAD_DIM])
-                    dpt = warpgroup_mma(v, do_tile.permute((1, 0)), gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout),
-                                        use_acc=False, is_async=True)
+                    q_tile, do_tile, st, dpt = score_products(k, q_smem, q_ready, v, do_smem, do_ready, stage, phase,
+                                                              st_layout, BLOCK_N, BLOCK_M, HEAD_DIM)
                     # -- P^T, causal (queries at or after the key; a no-op off the diagonal); dV += P^T dO
                     st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
                     pt = gl.exp2(st * qk_scale - lse[None, :])
@@ -347,7 +355,8 @@ def dkdv_tile_config(block_size: int, head_dim: int, consumers: int | None = Non
 
 
 def hopper_backward_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule) -> str | None:
-    """Why :func:`hopper_dkdv` cannot take this call, or ``None`` when it can: the Gluon forward's conditions
+    """Why the Gluon backward kernels (:func:`hopper_dkdv`, :func:`~topo_attn.attention.hopper_dq.hopper_dq`)
+    cannot take this call, or ``None`` when they can: the Gluon forward's conditions
     (:func:`~topo_attn.attention.hopper.hopper_unsupported_reason`: a Hopper GPU with triton 3.6, fp16/bf16, head
     dim 64 or 128, a block size a power of two >= 64, TMA-addressable q, k, v) plus a whole sequence
     (``L == S``). ``schedule``: the forward's row schedule. Never raises."""

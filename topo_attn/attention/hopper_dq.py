@@ -41,6 +41,7 @@ if GLUON_MISSING is None:
 
     from .forward import LOG2E, tma_eligible
     from .hopper import row_load_partition, shared_layout
+    from .hopper_backward import score_products
     from ..launch import Tiles, launch
 
     _LOG2E: gl.constexpr = gl.constexpr(LOG2E)  # log2(e) inside the kernel: lse (natural log) to base 2
@@ -93,12 +94,8 @@ if GLUON_MISSING is None:
         previous = (j - 1) % NUM_STAGES
         phase = (j // NUM_STAGES) & 1
         # -- issue S_j, dP_j and the previous step's dQ product, all asynchronous
-        mbarrier.wait(k_ready.index(stage), phase)
-        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(stage), phase)
-        v_t = v_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        dp = warpgroup_mma(do, v_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _, _, s, dp = score_products(q, k_smem, k_ready, do, v_smem, v_ready, stage, phase, s_layout, BLOCK_M,
+                                     BLOCK_N, HEAD_DIM)
         dq = warpgroup_mma(ds, k_smem.index(previous).reshape([BLOCK_N, HEAD_DIM]), dq, is_async=True)
         # -- S_j in: its probabilities while dP_j and the dQ product run; dP_j in: release V_j, form dS_j
         s = warpgroup_mma_wait(num_outstanding=2, deps=(s, ))
@@ -141,12 +138,8 @@ if GLUON_MISSING is None:
         do = do_smem.reshape([BLOCK_M, HEAD_DIM])
 
         # -- step 0: S_0 and dP_0 alone (masked: a no-op unless it is a diagonal step)
-        mbarrier.wait(k_ready.index(0), 0)
-        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s = warpgroup_mma(q, k_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(0), 0)
-        v_t = v_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        dp = warpgroup_mma(do, v_t, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        _, _, s, dp = score_products(q, k_smem, k_ready, do, v_smem, v_ready, 0, 0, s_layout, BLOCK_M, BLOCK_N,
+                                     HEAD_DIM)
         s, dp = warpgroup_mma_wait(num_outstanding=0, deps=(s, dp))
         mbarrier.arrive(v_empty.index(0), count=1)
         start_n = _key_start(Indices, first, plain_blocks, q_block, 0, BLOCK_SIZE, BLOCK_N)

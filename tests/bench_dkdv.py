@@ -31,12 +31,23 @@ def case_inputs(H: int, Hkv: int, D: int, bs: int, S: int):
     return q, k, v, do, schedule, out, lse
 
 
+def print_case(case: tuple, schedule, res: dict) -> None:
+    """One line per case: its shape ``(H, H_kv, D, block size, S)``, the visited fraction of the causal blocks and
+    the results (floats to three decimals)."""
+    H, Hkv, D, bs, S = case
+    n = S // bs
+    visited = schedule.nnz / (n * (n + 1) / 2)
+    print(f"== H{H}/{Hkv} D{D} b{bs} S{S} visited {visited:.2f}: " + ", ".join(
+        f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in res.items()),
+        flush=True)
+
+
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     default_config = hb.dkdv_tile_config
     for H, Hkv, D, bs, S in CASES:
         q, k, v, do, schedule, out, lse = case_inputs(H, Hkv, D, bs, S)
-        n, scale = S // bs, D ** -0.5
+        scale = D ** -0.5
         res = {}
         other = "hopper_c2" if bs >= 128 and D == 128 else "hopper_c1"  # the form the default does not take
         for name in ("portable", "hopper", other, "hopper_pipelined", "hopper_plain"):
@@ -65,10 +76,7 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001 - a benchmark row says what failed
                 res[name] = f"FAILED {type(error).__name__}: {str(error)[:200]}"
             hb.dkdv_tile_config = default_config
-        visited = schedule.nnz / (n * (n + 1) / 2)
-        print(f"== H{H}/{Hkv} D{D} b{bs} S{S} visited {visited:.2f}: " + ", ".join(
-            f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in res.items()),
-            flush=True)
+        print_case((H, Hkv, D, bs, S), schedule, res)
 
 
 if __name__ == "__main__":

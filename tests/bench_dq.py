@@ -13,7 +13,7 @@ from triton.testing import do_bench
 
 import topo_attn.attention.backward as bw
 import topo_attn.attention.hopper_dq as hd
-from bench_dkdv import case_inputs  # tests/, the script's folder
+from bench_dkdv import case_inputs, print_case  # tests/, the script's folder
 
 CASES = [(32, 32, 128, 128, 16384), (32, 32, 128, 64, 16384), (32, 8, 128, 128, 16384), (32, 32, 64, 64, 16384),
          (32, 8, 64, 64, 32768), (32, 8, 64, 128, 32768)]  # H, H_kv, D, block size, S
@@ -26,7 +26,7 @@ def main() -> None:
     default_config = hd.dq_tile_config
     for H, Hkv, D, bs, S in CASES:
         q, k, v, do, schedule, out, lse = case_inputs(H, Hkv, D, bs, S)
-        n, scale = S // bs, D ** -0.5
+        scale = D ** -0.5
 
         def dq_only(kernel):
             return bw.scheduled_attention_backward(do, q, k, v, out, lse, schedule, scale, needs=(True, False, False),
@@ -57,10 +57,7 @@ def main() -> None:
                     warmup=5, rep=40)
             except Exception as error:  # noqa: BLE001
                 res[name] = f"FAILED {type(error).__name__}: {str(error)[:200]}"
-        visited = schedule.nnz / (n * (n + 1) / 2)
-        print(f"== H{H}/{Hkv} D{D} b{bs} S{S} visited {visited:.2f}: " + ", ".join(
-            f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}" for key, value in res.items()),
-            flush=True)
+        print_case((H, Hkv, D, bs, S), schedule, res)
 
 
 if __name__ == "__main__":

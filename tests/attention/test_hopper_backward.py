@@ -86,6 +86,21 @@ def test_a_padded_schedule_and_a_model_layout():
     _check(q, k, v, padded_copy(schedule, 37), seed=4)
 
 
+def _form_case(D, consumers, H_kv, schedule_seed, out_seed, **density):
+    """One consumer-form case (B 1, H 4, S 600, blocks of 128, per-query-head rows, bf16): ``(q, k, v, schedule,
+    d_out, lse, delta)``, or a skip with the reason where the Gluon backward cannot run."""
+    B, H, S, block_size = 1, 4, 600, 128
+    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
+    schedule = random_schedule(torch.Generator().manual_seed(schedule_seed), S, block_size, lanes=(B, H),
+                               device=DEVICE, **density)
+    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
+    if reason is not None:
+        pytest.skip(reason)
+    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(out_seed)).to(DEVICE, q.dtype)
+    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
+    return q, k, v, schedule, d_out, lse, (out.float() * d_out.float()).sum(-1)
+
+
 @pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "pipelined"])
 @pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("D", [64, 128])
@@ -93,16 +108,8 @@ def test_both_consumer_forms_match_the_reference(D, consumers, pipeline):
     """One consumer warp group per 64-key tile, or two sharing each Q/dO stage of a 128-key tile, each plain or
     with the dK product of a step under the next step's exponentials, through ``hopper_dkdv`` with its
     configuration given. GQA (a group of 4: each head's column ends its own pipeline)."""
-    B, H, H_kv, S, block_size = 1, 4, 1, 600, 128
-    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
-    schedule = random_schedule(torch.Generator().manual_seed(D), S, block_size, lanes=(B, H), device=DEVICE)
-    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
-    if reason is not None:
-        pytest.skip(reason)
-    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE, q.dtype)
-    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
-    delta = (out.float() * d_out.float()).sum(-1)
-    config = hopper_backward.dkdv_tile_config(block_size, D, consumers, pipeline)
+    q, k, v, schedule, d_out, lse, delta = _form_case(D, consumers, 1, D, 1)
+    config = hopper_backward.dkdv_tile_config(schedule.block_size, D, consumers, pipeline)
     dk, dv = hopper_backward.hopper_dkdv(q, k, v, d_out, lse, delta, schedule.transpose(), D ** -0.5, config)
     _, (_, ref_dk, ref_dv) = reference_grads(q, k, v, schedule, d_out)
     tol = TOLERANCE[q.dtype]
@@ -117,17 +124,8 @@ def test_both_consumer_forms_match_the_reference(D, consumers, pipeline):
 def test_both_dq_consumer_forms_match_the_reference(D, consumers):
     """dQ by one consumer warp group per 64-row tile or two per 128-row tile, through ``hopper_dq`` with its
     configuration given; blocks of 128, GQA, per-query-head rows, a partial last block."""
-    B, H, H_kv, S, block_size = 1, 4, 2, 600, 128
-    q, k, v = inputs((B, H, S, D), (B, H_kv, S, D), torch.bfloat16, DEVICE, seed=D + consumers)
-    schedule = random_schedule(torch.Generator().manual_seed(D + 1), S, block_size, lanes=(B, H), density=0.5,
-                               device=DEVICE)
-    reason = hopper_backward.hopper_backward_unsupported_reason(q, k, v, schedule)
-    if reason is not None:
-        pytest.skip(reason)
-    d_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE, q.dtype)
-    out, lse = ta.scheduled_attention(q, k, v, schedule, return_lse=True)
-    delta = (out.float() * d_out.float()).sum(-1)
-    config = hopper_dq.dq_tile_config(block_size, D, consumers)
+    q, k, v, schedule, d_out, lse, delta = _form_case(D, consumers, 2, D + 1, 2, density=0.5)
+    config = hopper_dq.dq_tile_config(schedule.block_size, D, consumers)
     dq = hopper_dq.hopper_dq(q, k, v, d_out, lse, delta, schedule, D ** -0.5, config)
     _, (ref_dq, _, _) = reference_grads(q, k, v, schedule, d_out)
     size = ref_dq.abs().max().item()

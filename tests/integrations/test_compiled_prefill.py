@@ -177,17 +177,27 @@ def test_the_op_keeps_no_dense_schedule(device, monkeypatch):
 def test_reduce_overhead_replays_dense_then_topology_then_centroid():
     """Compiled with CUDA graphs (``mode="reduce-overhead"``), one forward after another as the model suite runs
     them: each replays and equals its eager logits; no buffer of the op's outlives a call in the graph pool
-    (cudagraph trees raise if one does)."""
+    (cudagraph trees raise if one does). In bfloat16 the compiled model rounds differently from the eager one
+    (fused norms and products) even with SDPA: the tolerance is twice that model's own largest difference."""
     model = tiny_llama("cuda").to(torch.bfloat16)
     ids = token_ids(256, "cuda")
-    for selector in ("dense", "topology", "centroid"):
-        name = tat.register(selector=selector, block_size=BLOCK, budget=2, name=f"topo_graphs_{selector}")
-        model.set_attn_implementation(name)
+
+    def eager_and_compiled():
         with torch.no_grad():
             want = model(ids, use_cache=False).logits.float()
             torch._dynamo.reset()
             forward = torch.compile(model.forward, mode="reduce-overhead")
             for _ in range(3):  # warm-up, record, replay
                 got = forward(ids, use_cache=True).logits.float()
-        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+        return got, want
+
+    model.set_attn_implementation("sdpa")
+    got, want = eager_and_compiled()
+    rounding = (got - want).abs().max().item()
+    for selector in ("dense", "topology", "centroid"):
+        name = tat.register(selector=selector, block_size=BLOCK, budget=2, name=f"topo_graphs_{selector}")
+        model.set_attn_implementation(name)
+        got, want = eager_and_compiled()
+        torch.testing.assert_close(got, want, atol=2e-2 + 2 * rounding, rtol=2e-2,
+                                   msg=lambda m, s=selector: f"{s} (SDPA's compiled rounding {rounding:.3g}): {m}")
     torch._dynamo.reset()

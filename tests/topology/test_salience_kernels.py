@@ -298,6 +298,31 @@ def test_build_graph_replays_new_keys_without_aliasing(dtype, heads, blocks, str
     assert build.cached_graphs() == 1
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_padded_builds_back_to_back_while_the_gpu_lags(dtype):
+    """Padded builds (``read_status_back=False``, the sync-free selectors' path) return before the GPU has run
+    them, so the host issues the next build while this one waits in the stream: here the stream is held back by
+    a sleep kernel before four builds of different keys (one shape, one cached graph), then a build that reads
+    its status back. Each equals the CPU schedule of its own keys (a build that took its inputs from host memory
+    would read the last build's)."""
+    from topo_attn.topology.gpu import graph as build
+
+    gen = torch.Generator().manual_seed(12)
+    keys = [torch.randn(6, 64 * 40, 32, generator=gen) for _ in range(5)]
+    build.clear_graphs()
+    on_gpu = [k.cuda() for k in keys]
+    build.build_rows(on_gpu[0], 64, dtype, 6, 1, 1, read_status_back=False)  # captures the graph
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time: the host runs ahead
+    got = [build.build_rows(k, 64, dtype, 6, 1, 1, read_status_back=False) for k in on_gpu[:4]]
+    got.append(build.build_rows(on_gpu[4], 64, dtype, 6, 1, 1))
+    for k, (offsets, indices, _) in zip(keys, got):
+        want = ta.topology_schedule(k[:, None], 64, 1, 1, 6)
+        assert torch.equal(offsets.cpu(), want.offsets)
+        assert torch.equal(indices[:want.nnz].cpu(), want.indices)
+
+
 @pytest.mark.parametrize("lanes, blocks, block_size", [(1, 1, 16), (3, 5, 16), (2, 40, 8)])
 def test_salience_of_keys_equals_the_salience_of_the_centroids(lanes, blocks, block_size, device):
     """The keys' saliences (the topology selector's path: centroids, then saliences; launch by launch in the

@@ -8,8 +8,10 @@ launches cost more host time than the GPU spends on a shared schedule at 32k. Th
 keys in place and the rows kernel writes a new buffer for each build, so a schedule never aliases the graph's
 buffers: both addresses are written to pinned host memory before each replay and copied to the device by the
 graph's first node. The rows kernel writes the entry count and the finiteness flag to pinned host memory,
-which the host polls (:func:`read_status`). On Hopper the kernels are chained by programmatic dependent
-launch (:mod:`.pdl`).
+which the host polls (:func:`read_status`). A padded build, whose host does not wait, cannot pass addresses
+through host memory (the next build would overwrite them before the replay read them): its graph starts after
+the centroids, which one launch writes into the graph's buffer, and its rows are copied out, all ordered on
+the stream. On Hopper the kernels are chained by programmatic dependent launch (:mod:`.pdl`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ STATUS_SPINS = 20000
 """How many times :func:`build_rows` polls a replay's status by default (a few milliseconds) before it falls back
 to a stream sync."""
 
-_graphs: OrderedDict[tuple, "_BuildGraph"] = OrderedDict()
+_graphs: OrderedDict[tuple, object] = OrderedDict()
 
 _graphs_allowed: ContextVar[bool] = ContextVar("topo_attn_cached_graphs", default=True)
 
@@ -174,6 +176,26 @@ class _BuildGraph:
         self.graph = _captured(stages, self.stream, device)
 
 
+class _PaddedBuildGraph:
+    """The stages after the centroids, captured for one (lanes, blocks, features, dtype, rule): a padded
+    schedule's build (:func:`build_rows` with ``read_status_back=False``). The host does not wait for a replay
+    before the next build, so no address may go through host memory (the next build would overwrite it before
+    this replay's first node read it). The caller fills the centroid buffer with one launch reading the keys in
+    place, replays, and copies the rows out of the graph's buffer, all stream-ordered, as for
+    :class:`_SalienceGraph`."""
+
+    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, rule: tuple[int, int, int],
+                 device: torch.device):
+        self.stream = torch.cuda.current_stream(device)
+        self.centroids = _centroid_buffer(lanes, n, dim, dtype, device)
+        self.rows = torch.empty(0)
+
+        def stages():
+            self.rows = _stages(self.centroids, *rule)[0]
+
+        self.graph = _captured(stages, self.stream, device)
+
+
 def clear_graphs() -> None:
     """Drop the cached build graphs and the GPU memory they hold."""
     _graphs.clear()
@@ -258,7 +280,16 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     lanes, seq, dim = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
-    if keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype):
+    use_graph = keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
+    if use_graph and not read_status_back and not torch.cuda.is_current_stream_capturing():
+        device = keys.get_device()
+        key = ("padded", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype, rule)
+        graph = _graph_for(key, lambda: _PaddedBuildGraph(lanes, n, dim, dtype, rule, keys.device))
+        block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
+        graph.graph.replay()
+        offsets, tail = split_rows(graph.rows.clone(), lanes * n)
+        return offsets, tail, None
+    if use_graph and read_status_back:
         device = keys.get_device()
         # (the raw handle of the current stream: a fraction of torch.cuda.current_stream's cost)
         key = (device, torch._C._cuda_getCurrentRawStream(device), keys.shape, keys.stride(), keys.dtype,
@@ -273,8 +304,6 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
         graph.graph.replay()
         graph.next_rows = torch.empty(graph.rows_size, dtype=torch.int32, device=keys.device)
         offsets, tail = split_rows(rows, lanes * n)
-        if not read_status_back:
-            return offsets, tail, None
         total, finite = read_status(graph, status_spins)
     else:
         rows, status = _stages(block_centroids_kernel(keys, block_size, dtype), *rule)

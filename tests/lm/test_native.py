@@ -355,6 +355,14 @@ def test_native_writes_the_rows_and_the_provenance(native_run):
     assert loaded["rows"] == result["rows"]
     table = native_run["printed"]
     assert "| sdpa |" in table and "| quest | 1 |" in table and f"{after['bits_per_byte']:.3f}" in table
+    # the steady throughput (after the first step) and its ratio to SDPA's, per trained attention
+    lines = {line.split(" | ")[0]: line.split(" | ") for line in table.splitlines()}
+    head = lines["| attention"]
+    for attention, row in rows.items():
+        cells = dict(zip(head, lines[f"| {attention}"]))
+        steady = row["tokens_per_s_after_first_step"]
+        assert cells["tokens/s after step 1"] == f"{steady:.0f}"
+        assert cells["/ sdpa"] == f"{steady / rows['sdpa']['tokens_per_s_after_first_step']:.2f}x"
 
 
 def test_native_scores_agree_with_the_evaluation_functions(native_run):

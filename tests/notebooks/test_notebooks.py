@@ -32,7 +32,7 @@ EXPECTED = {
     # with the committed results: the summary, the pooled-strict comparison and the research table
     "06_language_model": ["bits/byte", "max |logit(dense) - logit(sdpa)|", "passkey @8064",
                           "bits per byte at positions 4k-8k", "topology_causal", "| quest | 30 | 25.8% |",
-                          "per key/value head  per query head"],
+                          "per key/value head  per query head", "| tokens/s after step 1 | / sdpa |"],
 }
 MIN_FIGURES = {"01_key_block_centroids": 2, "02_persistence_barcodes": 2, "03_schedule_explorer": 1,
                "06_language_model": 9}
@@ -175,14 +175,15 @@ def test_language_model_notebook_renders_results(tmp_path):
                          "research": str(tmp_path / "missing.json"),
                          "token_results": [str(tmp_path / "missing_token.json")],
                          "retrieval_results": str(tmp_path / "lm_retrieval.json"),
-                         "eviction_results": str(tmp_path / "lm_eviction.json")}, html=False)
+                         "eviction_results": str(tmp_path / "lm_eviction.json"),
+                         "native_results": str(tmp_path / "missing_native.json")}, html=False)
     nb = nbformat.read(out, as_version=4)
     text = outputs_text(nb)
     assert "NVIDIA Test GPU" in text and "commit abc1234" in text  # the header
     assert "passkey @8064" in text and "| topology_causal | 6 |" in text  # the summary table, an unknown selector
     assert "at budget 2" in text and "bits/byte" in text
     assert "No research results to show" in text and "bits per byte at positions 4k-8k" in text
-    assert "No per-query-head results to show" in text
+    assert "No per-query-head results to show" in text and "No native-training results to show yet" in text
     assert "Not shown: no language-model results at" in text and "missing_token.json" in text
     # the retrieval suite and KV-cache eviction: each runner's table, with the command and the commit
     assert "python -m topo_attn.lm retrieval`" in text and "| single_needle | quest | 6 | 25% [0%, 75%] |" in text

@@ -320,13 +320,15 @@ def _version(module: str) -> str:
 def markdown(result: dict) -> str:
     """A Markdown table of a :func:`run` result: per trained attention its budget, visited fraction, bits per byte
     (all and per position bucket) trained natively and, for the SDPA-trained model with that attention applied
-    after training, the same; the retrieval suite's accuracy of both; training tokens per second, steps and
-    seconds."""
+    after training, the same; the retrieval suite's accuracy of both; training tokens per second over all steps
+    and after the first (which compiles the kernels on a GPU), the latter over SDPA's row (blank without one),
+    steps and seconds."""
     after = {r["attention"]: r for r in result["after_training"]}
     buckets = list(result["rows"][0]["bits_per_byte_by_position"]) if result["rows"] else []
+    sdpa = next((r.get("tokens_per_s_after_first_step") for r in result["rows"] if r["attention"] == "sdpa"), None)
     head = ["attention", "budget", "visited", "bits/byte native", "after SDPA training",
-            *[f"native {b}" for b in buckets], "suite native", "suite after SDPA training", "tokens/s", "steps",
-            "seconds"]
+            *[f"native {b}" for b in buckets], "suite native", "suite after SDPA training", "tokens/s",
+            "tokens/s after step 1", "/ sdpa", "steps", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in result["rows"]:
         other = after.get(row["attention"])
@@ -337,9 +339,18 @@ def markdown(result: dict) -> str:
                  "" if other is None else f"{other['bits_per_byte']:.3f}",
                  *[f"{row['bits_per_byte_by_position'][b]:.3f}" for b in buckets],
                  _accuracy(row), "" if other is None else _accuracy(other),
-                 f"{row['tokens_per_s']:.0f}", str(row["steps"]), f"{row['seconds']:.1f}"]
+                 f"{row['tokens_per_s']:.0f}", *_steady_throughput(row.get("tokens_per_s_after_first_step"), sdpa),
+                 str(row["steps"]), f"{row['seconds']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _steady_throughput(tokens_per_s: float | None, sdpa: float | None) -> list[str]:
+    """The cells of tokens per second after the first step and their ratio to SDPA's (blank where unknown: one
+    step, or an older file)."""
+    if tokens_per_s is None:
+        return ["", ""]
+    return [f"{tokens_per_s:.0f}", "" if not sdpa else f"{tokens_per_s / sdpa:.2f}x"]
 
 
 def _accuracy(row: dict) -> str:

@@ -384,6 +384,28 @@ def test_training_under_autocast_follows_sdpa(device):
         assert_close(got[n] / want[n].abs().max(), want[n] / want[n].abs().max(), torch.bfloat16, n)
 
 
+def test_under_autocast_the_selection_reads_what_the_kernel_runs(device, monkeypatch):
+    """Under bfloat16 autocast a float32 model's q and k reach the attention in float32 (the rotary embedding)
+    and v in bfloat16: the selector is handed the bfloat16 q and k that the kernel then runs (not float32 ones,
+    which Quest's kernel scores in IEEE float32)."""
+    name = tat.register(selector="quest", block_size=BLOCK, budget=1, name="topo_quest_autocast")
+    model = tiny_llama(torch.float32, device).train()
+    model.set_attn_implementation(name)
+    ids = token_ids(2, 50, device)
+    seen, select = [], tat.select
+
+    def spy(selector, q, k, *args, **kwargs):
+        seen.append((q.dtype, k.dtype))
+        return select(selector, q, k, *args, **kwargs)
+
+    monkeypatch.setattr(tat, "select", spy)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * 2  # one selection per layer
+    loss.backward()
+    assert bool(torch.isfinite(loss)) and all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+
+
 # ------------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("kwargs,argument", [
     (dict(selector="nope"), "selector"),

@@ -74,6 +74,7 @@ import torch
 
 from .._checks import check_int, check_kernel_block_size
 from ..attention import scheduled_attention
+from ..attention.scheduled import autocast_inputs
 from ..schedule import BlockSchedule, dense_causal_schedule
 from ..selection import SELECTORS, select
 from ..selection.incremental import INCREMENTAL_SELECTORS, KeyBlockStats, select_for_queries
@@ -527,6 +528,9 @@ def _attention(name: str, module: torch.nn.Module, query: torch.Tensor, key: tor
     if state is not None or is_static_cache_marker(attention_mask):
         return _static_cache_attention(name, module, state, query, key, value, scaling, dropout, kwargs)
     layer_idx = getattr(module, "layer_idx", None)
+    # under autocast the selection reads q and k in the dtype the kernel runs them in (after the rotary
+    # embedding of a float32 model they are float32: Quest's kernel would score them in IEEE float32)
+    query, key, value = autocast_inputs(query, key, value)
     batch, heads, q_len, _ = query.shape
     kv_len = key.shape[-2]
     bs = settings.block_size

@@ -81,6 +81,40 @@ def test_train_markdown_rows():
                         "2.00x | 14.000 / 2.900 / 5.500 | 4.0e-03 |")
 
 
+def test_train_markdown_marks_autotuned_flex():
+    from topo_attn.bench.train import train_markdown
+
+    row = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
+               sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0, flex_bwd_tflops=195.0,
+               ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0, ours_step_ms=2.9,
+               flex_step_ms=5.5, max_grad_rel_error=4e-3, flex_autotuned=True)
+    assert "| 4.000 (195) autotuned | 0.71 |" in train_markdown([row])
+
+
+def test_flex_is_autotuned_only_where_its_default_tiles_fail(capsys):
+    """FlexAttention's times with its default tiles where they compile; else autotuned, the failure reported
+    on stderr; NaN and None where both fail."""
+    from topo_attn.bench.train import first_that_compiles
+
+    tried = []
+
+    def times(fails_when):
+        def run(autotune):
+            tried.append(autotune)
+            if autotune in fails_when:
+                raise RuntimeError(f"no tile (autotune={autotune})")
+            return (1.0 + autotune, 2.0 + autotune)
+        return run
+
+    assert first_that_compiles(times(()), "case A") == ((1.0, 2.0), False) and tried == [False]
+    tried.clear()
+    assert first_that_compiles(times((False,)), "case B") == ((2.0, 3.0), True) and tried == [False, True]
+    assert "FlexAttention (default tiles) failed on case B: RuntimeError: no tile" in capsys.readouterr().err
+    (bwd, step), autotuned = first_that_compiles(times((False, True)), "case C")
+    assert math.isnan(bwd) and math.isnan(step) and autotuned is None
+    assert "FlexAttention (autotuned) failed on case C" in capsys.readouterr().err
+
+
 def test_train_timing_helpers_on_the_interpreter(device):
     """The pieces of a train case that need no GPU: backward and forward + backward timed with gradients reset
     (a stand-in timer calls each function twice), and the gradient check on the first kv head's group."""

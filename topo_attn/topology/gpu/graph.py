@@ -251,7 +251,8 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     """CSR rows of the topology rule for keys on the GPU: centroids, saliences and the rule's rows, with one
     wait for the entry count (none with ``read_status_back=False``). On a CUDA device the launches are captured
     once per (device, stream, keys' shape, strides and dtype, ``dtype``, rule) and replayed (up to
-    :data:`GRAPH_MAX_BYTES` of distance scratch).
+    :data:`GRAPH_MAX_BYTES` of distance scratch); with ``read_status_back=False`` the stages after the centroids,
+    once per (device, stream, lanes, blocks, features, ``dtype``, rule) (:class:`_PaddedBuildGraph`).
 
     Arguments:
         keys: ``[L, S, D]``, any float dtype and strides, on a CUDA device or (Triton's interpreter, launch by

@@ -272,9 +272,9 @@ def dq_tile_config(block_size: int, head_dim: int, consumers: int | None = None)
     if consumers == 2:
         return dict(BLOCK_M=128, BLOCK_N=64, NUM_STAGES=3 if head_dim > 64 else 4, CONSUMERS=2, num_warps=4,
                     maxnreg=168, CONSUMER_REGS=240)
-    if head_dim <= 64:  # 128 registers and 66 KB: two programs per SM
-        return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, CONSUMERS=1, num_warps=4, maxnreg=128, CONSUMER_REGS=0)
-    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, CONSUMERS=1, num_warps=4, maxnreg=240, CONSUMER_REGS=0)
+    # one consumer: at head dim 64, 128 registers and 66 KB, so two programs share an SM
+    return dict(BLOCK_M=64, BLOCK_N=64, NUM_STAGES=3, CONSUMERS=1, num_warps=4,
+                maxnreg=128 if head_dim <= 64 else 240, CONSUMER_REGS=0)
 
 
 def hopper_dq(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,

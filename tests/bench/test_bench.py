@@ -68,14 +68,16 @@ def test_train_suite_cases():
     assert BACKWARD_WORK == 2.5
 
 
+TRAIN_ROW = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
+                 sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0,
+                 flex_bwd_tflops=195.0, ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0,
+                 ours_step_ms=2.9, flex_step_ms=5.5, max_grad_rel_error=4e-3)
+
+
 def test_train_markdown_rows():
     from topo_attn.bench.train import TRAIN_COLUMNS, train_markdown
 
-    row = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
-               sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0, flex_bwd_tflops=195.0,
-               ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0, ours_step_ms=2.9,
-               flex_step_ms=5.5, max_grad_rel_error=4e-3)
-    table = train_markdown([row]).splitlines()
+    table = train_markdown([TRAIN_ROW]).splitlines()
     assert table[0] == "| " + " | ".join(TRAIN_COLUMNS) + " |"
     assert table[2] == ("| B1 H32 S16k D128 b64 | 4670 / 32896 | 10.000 (550) | 2.000 (390) | 4.000 (195) | 0.71 | "
                         "2.00x | 14.000 / 2.900 / 5.500 | 4.0e-03 |")
@@ -84,11 +86,7 @@ def test_train_markdown_rows():
 def test_train_markdown_marks_autotuned_flex():
     from topo_attn.bench.train import train_markdown
 
-    row = dict(case="B1 H32 S16k D128 b64", scheduled_blocks=4670, causal_blocks=32896, sdpa_bwd_ms=10.0,
-               sdpa_bwd_tflops=550.0, ours_bwd_ms=2.0, ours_bwd_tflops=390.0, flex_bwd_ms=4.0, flex_bwd_tflops=195.0,
-               ours_vs_sdpa_bwd_tflops=0.71, flex_over_ours_bwd_time=2.0, sdpa_step_ms=14.0, ours_step_ms=2.9,
-               flex_step_ms=5.5, max_grad_rel_error=4e-3, flex_autotuned=True)
-    assert "| 4.000 (195) autotuned | 0.71 |" in train_markdown([row])
+    assert "| 4.000 (195) autotuned | 0.71 |" in train_markdown([dict(TRAIN_ROW, flex_autotuned=True)])
 
 
 def test_flex_is_autotuned_only_where_its_default_tiles_fail(capsys):

@@ -176,24 +176,40 @@ class _BuildGraph:
         self.graph = _captured(stages, self.stream, device)
 
 
-class _PaddedBuildGraph:
-    """The stages after the centroids, captured for one (lanes, blocks, features, dtype, rule): a padded
-    schedule's build (:func:`build_rows` with ``read_status_back=False``). The host does not wait for a replay
-    before the next build, so no address may go through host memory (the next build would overwrite it before
-    this replay's first node read it). The caller fills the centroid buffer with one launch reading the keys in
-    place, replays, and copies the rows out of the graph's buffer, all stream-ordered, as for
-    :class:`_SalienceGraph`."""
+class _CentroidsInGraph:
+    """Stages that start from block centroids ``[L, n, D]``, captured for one (lanes, blocks, features, dtype) and
+    stage function: a padded schedule's build (:func:`build_rows` with ``read_status_back=False``) and the
+    saliences of :func:`salience_of_keys`. Neither host waits for a replay before the next call, so no address
+    may go through host memory (the next call would overwrite it before this replay's first node read it): the
+    graph's input is its own centroid buffer, which :func:`_replay_on_keys` fills with one launch reading the keys
+    in place, and its output is copied out, all stream-ordered."""
 
-    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, rule: tuple[int, int, int],
-                 device: torch.device):
+    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device,
+                 stages: Callable[[torch.Tensor], torch.Tensor]):
         self.stream = torch.cuda.current_stream(device)
         self.centroids = _centroid_buffer(lanes, n, dim, dtype, device)
-        self.rows = torch.empty(0)
+        self.out = torch.empty(0)
 
-        def stages():
-            self.rows = _stages(self.centroids, *rule)[0]
+        def captured_stages():
+            self.out = stages(self.centroids)  # (the capture's own output: allocated in the graph's pool)
 
-        self.graph = _captured(stages, self.stream, device)
+        self.graph = _captured(captured_stages, self.stream, device)
+
+
+def _replay_on_keys(tag: tuple, keys: torch.Tensor, block_size: int, dtype: torch.dtype,
+                    stages: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``stages(centroids)`` of the block centroids of CUDA ``keys`` ``[L, S, D]`` in ``dtype``, from the
+    :class:`_CentroidsInGraph` cached per (``tag``, device, stream, lanes, blocks, features, ``dtype``): one
+    centroid launch into the graph's buffer, the replay, and a copy of its output (the next replay rewrites it).
+    ``tag`` names the stages (and their arguments) in the cache key. No host sync."""
+    lanes, seq, dim = keys.shape
+    n = triton.cdiv(seq, block_size)
+    device = keys.get_device()
+    key = (*tag, device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
+    graph = _graph_for(key, lambda: _CentroidsInGraph(lanes, n, dim, dtype, keys.device, stages))
+    block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
+    graph.graph.replay()
+    return graph.out.clone()
 
 
 def clear_graphs() -> None:
@@ -252,7 +268,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     wait for the entry count (none with ``read_status_back=False``). On a CUDA device the launches are captured
     once per (device, stream, keys' shape, strides and dtype, ``dtype``, rule) and replayed (up to
     :data:`GRAPH_MAX_BYTES` of distance scratch); with ``read_status_back=False`` the stages after the centroids,
-    once per (device, stream, lanes, blocks, features, ``dtype``, rule) (:class:`_PaddedBuildGraph`).
+    once per (device, stream, lanes, blocks, features, ``dtype``, rule) (:class:`_CentroidsInGraph`).
 
     Arguments:
         keys: ``[L, S, D]``, any float dtype and strides, on a CUDA device or (Triton's interpreter, launch by
@@ -283,12 +299,9 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     rule = (topk, sinks, window)
     use_graph = keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
     if use_graph and not read_status_back and not torch.cuda.is_current_stream_capturing():
-        device = keys.get_device()
-        key = ("padded", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype, rule)
-        graph = _graph_for(key, lambda: _PaddedBuildGraph(lanes, n, dim, dtype, rule, keys.device))
-        block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
-        graph.graph.replay()
-        offsets, tail = split_rows(graph.rows.clone(), lanes * n)
+        rows = _replay_on_keys(("padded", rule), keys, block_size, dtype,
+                               lambda centroids: _stages(centroids, *rule)[0])
+        offsets, tail = split_rows(rows, lanes * n)
         return offsets, tail, None
     if use_graph and read_status_back:
         device = keys.get_device()
@@ -315,19 +328,6 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     return offsets, tail[:total], bool(finite)
 
 
-class _SalienceGraph:
-    """The saliences of centroids ``[L, n, D]`` (all lanes, :func:`_saliences`), captured for one (lanes, blocks,
-    features, dtype). Its input is its own centroid buffer, which the caller fills before each replay with one
-    centroid launch reading the keys in place, stream-ordered after the previous replay: no address goes through
-    host memory, so nothing waits for the GPU."""
-
-    def __init__(self, lanes: int, n: int, dim: int, dtype: torch.dtype, device: torch.device):
-        self.stream = torch.cuda.current_stream(device)
-        self.centroids = _centroid_buffer(lanes, n, dim, dtype, device)
-        self.salience = torch.empty(lanes, n, dtype=dtype, device=device)
-        self.graph = _captured(lambda: _saliences(self.centroids, out=self.salience), self.stream, device)
-
-
 def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, use_graph: bool = True) -> torch.Tensor:
     """The elder-rule salience of each block of ``keys`` among its lane's blocks, with no host sync: the block
     centroids (one launch, the keys read in place) and the saliences, which on a CUDA device replay a graph
@@ -351,10 +351,5 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
     # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
     if (keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
             and not torch.cuda.is_current_stream_capturing()):
-        device = keys.get_device()
-        key = ("salience", device, torch._C._cuda_getCurrentRawStream(device), lanes, n, dim, dtype)
-        graph = _graph_for(key, lambda: _SalienceGraph(lanes, n, dim, dtype, keys.device))
-        block_centroids_kernel(keys, block_size, dtype, out=graph.centroids)
-        graph.graph.replay()
-        return graph.salience.clone()
+        return _replay_on_keys(("salience",), keys, block_size, dtype, lambda centroids: _saliences(centroids)[0])
     return _saliences(block_centroids_kernel(keys, block_size, dtype))[0]

@@ -294,7 +294,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     Raises:
         RuntimeError: a replay finished without writing its status.
     """
-    lanes, seq, dim = keys.shape
+    lanes, seq, _ = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
     use_graph = keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
@@ -346,7 +346,7 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
         ``[L, n]`` in ``dtype``, a tensor of its own (the graph's buffer is copied out: the next replay rewrites
         it). Centroids that are not finite give meaningless saliences (in bounds): callers check the keys.
     """
-    lanes, seq, dim = keys.shape
+    lanes, seq, _ = keys.shape
     n = triton.cdiv(seq, block_size)
     # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
     if (keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)

@@ -232,6 +232,20 @@ def test_compile_reaches_the_speed_rows(monkeypatch):
     assert parsed.compile_mode == "default"
 
 
+def test_selectors_choose_the_speed_rows(monkeypatch):
+    """``--selectors`` keeps the speed rows of the kit's ``dense`` and of the selectors named; without it every
+    selector is timed."""
+    import argparse
+
+    seen = []
+    monkeypatch.setattr(study, "prefill_speed_rows", lambda *args, **options: seen.append(options["selectors"]))
+    for chosen in (["quest", "topology"], None):
+        args = argparse.Namespace(length=LENGTH, block_size=BLOCK, sinks=1, window=1, flex=False, selectors=chosen)
+        study.speed_rows(None, args)
+    assert seen == [("dense", "quest", "topology"), None]
+    assert study.build_parser().parse_args(["--selectors", "quest"]).selectors == ["quest"]
+
+
 def test_speed_rows_time_the_study_model_with_the_shared_prefill_timing(run, monkeypatch):
     """The speed section is topo_attn.prefill_speed's rows (those of the benchmark's model suite) for the study's
     own model: its heads, head dim and dtype, the study's length, block size, sinks and window (a stand-in timer

@@ -251,11 +251,13 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool | None = True) -> l
 
 def speed_rows(model, args) -> list[dict]:
     """The model's prefill at the documents' length with ``sdpa`` and the kit's backend
-    (:func:`topo_attn.prefill_speed.prefill_speed_rows`, FlexAttention with ``--flex``); a GPU only."""
+    (:func:`topo_attn.prefill_speed.prefill_speed_rows`, FlexAttention with ``--flex``); a GPU only. With
+    ``--selectors``, the kit's rows are its ``dense`` and those selectors' (else every selector's)."""
     name = f"kit LM S{args.length // 1024}k b{args.block_size}"
     mode = getattr(args, "compile_mode", None)
+    chosen = getattr(args, "selectors", None)
     return prefill_speed_rows(model, name, args.length, args.block_size, sinks=args.sinks, window=args.window,
-                              with_flex=args.flex,
+                              with_flex=args.flex, selectors=None if chosen is None else ("dense", *chosen),
                               compile=None if mode is None else partial(torch.compile, mode=mode))
 
 

@@ -117,6 +117,16 @@ def test_bits_per_byte_by_bucket_of_the_predicted_position():
     assert set(bits32) == set(bits) and all(bits32[k] == pytest.approx(bits[k], rel=1e-5) for k in bits)
 
 
+def test_document_bits_per_byte_is_each_documents_mean_and_averages_to_the_whole():
+    gen = torch.Generator().manual_seed(4)
+    losses = torch.rand(5, 300, generator=gen) * torch.arange(1, 6).unsqueeze(1)  # documents on other levels
+    per_document = evaluate.document_bits_per_byte(losses)
+    assert len(per_document) == 5 and all(isinstance(v, float) for v in per_document)
+    for row, value in zip(losses, per_document):
+        assert value == pytest.approx(float(row.double().mean()) / math.log(2), rel=1e-12)
+    assert sum(per_document) / 5 == pytest.approx(evaluate.bits_per_byte(losses)["all"], rel=1e-6)
+
+
 def test_bits_per_byte_with_own_buckets():
     losses = torch.arange(1.0, 10.0, dtype=torch.float64)[None].repeat(2, 1)  # index t: loss t + 1 = position
     ln2 = math.log(2)

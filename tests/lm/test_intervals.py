@@ -171,3 +171,52 @@ def test_errors_name_the_argument(call, error, name):
 def test_accuracy_text_shows_the_interval():
     assert intervals.accuracy_text({"accuracy": 0.75, "ci_low": 0.5, "ci_high": 1.0}) == "75% [50%, 100%]"
     assert intervals.accuracy_text({"accuracy": 0.0, "ci_low": 0.0, "ci_high": 0.125}) == "0% [0%, 12%]"
+
+
+def test_paired_mean_difference_agrees_with_a_paired_resampling_of_items():
+    """Real-valued pairs (a document's bits per byte under two attentions): the mean difference, and an interval
+    that agrees with resampling the items' index by hand, both values of an item together."""
+    rng = np.random.default_rng(21)
+    difficulty = rng.gamma(4.0, 0.25, 64)  # shared by both measurements of a document
+    a = difficulty + rng.normal(0.05, 0.02, 64)
+    b = difficulty + rng.normal(0.0, 0.02, 64)
+    ours = intervals.paired_mean_difference(a, b, resamples=20000, seed=3)
+    picks = np.random.default_rng(4).integers(0, 64, (20000, 64))
+    ref = np.quantile(a[picks].mean(axis=1) - b[picks].mean(axis=1), [0.025, 0.975])
+    assert ours.difference == pytest.approx(float((a - b).mean())) and ours.n == 64
+    assert abs(ours.ci_low - ref[0]) < 0.002 and abs(ours.ci_high - ref[1]) < 0.002
+    assert 0 < ours.ci_low < ours.difference < ours.ci_high  # the shared difficulty cancels: a clear gap
+    unpaired = stats.bootstrap((a, b), lambda x, y, axis: x.mean(axis) - y.mean(axis), method="percentile",
+                               n_resamples=5000, vectorized=True, random_state=np.random.default_rng(5))
+    assert ours.ci_high - ours.ci_low < 0.5 * (unpaired.confidence_interval.high - unpaired.confidence_interval.low)
+
+
+def test_paired_mean_difference_covers_the_true_difference():
+    rng = np.random.default_rng(22)
+    trials, hits = 300, 0
+    for t in range(trials):
+        base = rng.normal(1.0, 0.3, 40)
+        ci = intervals.paired_mean_difference(base + rng.normal(0.1, 0.05, 40), base, resamples=2000, seed=t)
+        hits += ci.ci_low <= 0.1 <= ci.ci_high
+    assert 0.88 <= hits / trials <= 0.99
+
+
+def test_paired_mean_difference_of_equal_differences_is_a_point():
+    rng = np.random.default_rng(23)
+    a = rng.normal(size=9)
+    assert intervals.paired_mean_difference(a + 0.25, a) == pytest.approx((0.25, 9, 0.25, 0.25))
+    one = intervals.paired_mean_difference([1.5], [1.0])
+    assert one == pytest.approx((0.5, 1, 0.5, 0.5))
+
+
+@pytest.mark.parametrize("a, b, error, name", [
+    ([1.0, 2.0], [1.0], ValueError, "b"),
+    ([], [], ValueError, "a"),
+    ([1.0, float("nan")], [1.0, 2.0], ValueError, "a"),
+    ([[1.0]], [[1.0]], ValueError, "a"),
+    ([True, False], [1.0, 2.0], TypeError, "a"),
+    ([1.0, 2.0], ["x", "y"], TypeError, "b"),
+])
+def test_paired_mean_difference_errors_name_the_argument(a, b, error, name):
+    with pytest.raises(error, match=f"^{name} "):
+        intervals.paired_mean_difference(a, b)

@@ -363,6 +363,43 @@ def test_native_writes_the_rows_and_the_provenance(native_run):
         steady = row["tokens_per_s_after_first_step"]
         assert cells["tokens/s after step 1"] == f"{steady:.0f}"
         assert cells["/ sdpa"] == f"{steady / rows['sdpa']['tokens_per_s_after_first_step']:.2f}x"
+    # one held-out document: its bits per byte are the row's, and the paired differences are single points
+    for row in (*rows.values(), after):
+        assert row["bits_per_byte_per_document"] == [pytest.approx(row["bits_per_byte"], rel=1e-6)]
+    quest = dict(zip(head, lines["| quest"]))
+    native_minus_after = rows["quest"]["bits_per_byte_per_document"][0] - after["bits_per_byte_per_document"][0]
+    assert quest["native - after [95% CI]"] == f"{native_minus_after:+.3f} [{native_minus_after:+.3f}, " \
+                                               f"{native_minus_after:+.3f}]"
+    assert dict(zip(head, lines["| sdpa"]))["native - sdpa [95% CI]"] == ""
+
+
+def test_the_table_gives_paired_intervals_over_the_documents():
+    """With several documents, the native-minus-after and native-minus-SDPA cells are the paired bootstrap of
+    topo_attn.lm.intervals over the per-document values; a file without them (an older one) leaves them blank."""
+    from topo_attn.lm.intervals import paired_mean_difference
+
+    rng = np.random.default_rng(8)
+    base = rng.uniform(0.8, 1.2, 12)
+
+    def row(attention, shift, **extra):
+        values = list(base + shift + rng.normal(0, 0.01, 12))
+        return dict(attention=attention, budget=None if attention == "sdpa" else 16, visited_fraction=0.27,
+                    bits_per_byte=float(np.mean(values)), bits_per_byte_by_position={"0-1k": float(np.mean(values))},
+                    bits_per_byte_per_document=values, tokens_per_s=1.0, steps=5, seconds=1.0, **extra)
+
+    sdpa, native_quest, after_quest = row("sdpa", 0.0), row("quest", 0.05), row("quest", 0.08, trained_with="sdpa")
+    result = dict(rows=[sdpa, native_quest], after_training=[after_quest])
+    lines = {line.split(" | ")[0]: line.split(" | ") for line in native.markdown(result).splitlines()}
+    cells = dict(zip(lines["| attention"], lines["| quest"]))
+    for column, other in (("native - after [95% CI]", after_quest), ("native - sdpa [95% CI]", sdpa)):
+        found = paired_mean_difference(native_quest["bits_per_byte_per_document"], other["bits_per_byte_per_document"])
+        assert cells[column] == f"{found.difference:+.3f} [{found.ci_low:+.3f}, {found.ci_high:+.3f}]"
+        assert found.ci_low < found.difference < found.ci_high
+    older = dict(rows=[{k: v for k, v in r.items() if k != "bits_per_byte_per_document"} for r in result["rows"]],
+                 after_training=result["after_training"])
+    lines = {line.split(" | ")[0]: line.split(" | ") for line in native.markdown(older).splitlines()}
+    cells = dict(zip(lines["| attention"], lines["| quest"]))
+    assert cells["native - after [95% CI]"] == "" and cells["native - sdpa [95% CI]"] == ""
 
 
 def test_native_scores_agree_with_the_evaluation_functions(native_run):

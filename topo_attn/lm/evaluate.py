@@ -67,6 +67,13 @@ def bits_per_byte(losses: torch.Tensor, buckets: Sequence[tuple[int, int | None]
     return result
 
 
+def document_bits_per_byte(losses: torch.Tensor) -> list[float]:
+    """Each document's mean loss of ``losses`` (``[N, L - 1]`` nats, from :func:`token_losses`) in bits per byte,
+    in order: the items of a paired comparison (:func:`topo_attn.lm.intervals.paired_mean_difference`); their
+    mean is ``bits_per_byte(losses)["all"]``, the documents being of equal length."""
+    return (losses.double().mean(dim=1) / math.log(2)).tolist()
+
+
 def passkey_scores(model, probes: Sequence[Passkey], batch: int = 1) -> list[dict]:
     """Per probe (in order): ``distance``, ``loss`` (mean nats per byte of the repeated value), ``exact``
     (every byte of the value is the model's most likely next byte given the true bytes before it: what greedy

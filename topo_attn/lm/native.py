@@ -22,8 +22,9 @@ it leaves ``unscored``):
 
 - ``rows``, one per trained model: ``attention``, ``budget`` (extra blocks per query block; None for ``sdpa``
   and ``dense``, 0 for ``window``), ``bits_per_byte`` (all held-out positions), ``bits_per_byte_by_position``
-  (per position bucket, :data:`topo_attn.lm.evaluate.BUCKETS`), ``visited_fraction`` (of the causal blocks, in
-  that evaluation), ``passkey`` (per distance: ``exact``, ``probes``, ``loss``), ``tokens_per_s`` (training
+  (per position bucket, :data:`topo_attn.lm.evaluate.BUCKETS`), ``bits_per_byte_per_document`` (each held-out
+  document's, in order: the items of the paired intervals in :func:`markdown`), ``visited_fraction`` (of the
+  causal blocks, in that evaluation), ``passkey`` (per distance: ``exact``, ``probes``, ``loss``), ``tokens_per_s`` (training
   bytes per second of the training steps, validations between them left out; a token is a byte),
   ``tokens_per_s_after_first_step`` (the same without the first step, which on a GPU compiles the kernels),
   ``steps``, ``seconds`` (the training steps' wall time), ``run_seconds`` (the whole training run: corpus,
@@ -60,6 +61,7 @@ from .. import cli
 from ..provenance import ROOT, code_version
 from . import train as training
 from .corpus import parse_roots
+from .intervals import paired_mean_difference
 from .results import LM_NATIVE_SUITE, load_lm_native
 from .retrieval import TASKS
 
@@ -69,12 +71,14 @@ DEFAULT_ATTENTIONS = ("sdpa", "window", "quest", "centroid", "topology", "topolo
 rounding, and ``--attentions`` can add it)."""
 DEFAULT_MODELS = ROOT / "data" / "lm_native"
 """Where the checkpoints go by default (one folder per attention)."""
-ROW_FIELDS = ("attention", "budget", "bits_per_byte", "bits_per_byte_by_position", "visited_fraction", "passkey",
+ROW_FIELDS = ("attention", "budget", "bits_per_byte", "bits_per_byte_by_position", "bits_per_byte_per_document",
+              "visited_fraction", "passkey",
               "tokens_per_s", "tokens_per_s_after_first_step", "steps", "seconds", "run_seconds",
               "train_visited_fraction", "model", "retrieval_suite", "retrieval_suite_accuracy")
 """The fields of a ``rows`` entry."""
 AFTER_FIELDS = ("attention", "budget", "trained_with", "bits_per_byte", "bits_per_byte_by_position",
-                "visited_fraction", "passkey", "retrieval_suite", "retrieval_suite_accuracy")
+                "bits_per_byte_per_document", "visited_fraction", "passkey", "retrieval_suite",
+                "retrieval_suite_accuracy")
 """The fields of an ``after_training`` entry."""
 NO_SDPA = "no after_training rows: 'sdpa' is not among --attentions, so no dense-trained model was trained"
 
@@ -184,6 +188,7 @@ def _scored(perplexity: dict, retrieval: list[dict]) -> dict:
                if (r["attention"], r["budget"]) == (perplexity["attention"], perplexity["budget"])]
     return dict(attention=perplexity["attention"], budget=perplexity["budget"], bits_per_byte=bits["all"],
                 bits_per_byte_by_position={k: v for k, v in bits.items() if k != "all"},
+                bits_per_byte_per_document=perplexity["bits_per_byte_per_document"],
                 visited_fraction=perplexity["visited_fraction"], passkey=passkey)
 
 
@@ -320,13 +325,17 @@ def _version(module: str) -> str:
 def markdown(result: dict) -> str:
     """A Markdown table of a :func:`run` result: per trained attention its budget, visited fraction, bits per byte
     (all and per position bucket) trained natively and, for the SDPA-trained model with that attention applied
-    after training, the same; the retrieval suite's accuracy of both; training tokens per second over all steps
+    after training, the same; the native model's bits per byte minus the after-training one's and minus the
+    SDPA-trained model's, each with a paired 95% bootstrap interval over the documents (blank for a file without
+    per-document values); the retrieval suite's accuracy of both; training tokens per second over all steps
     and after the first (which compiles the kernels on a GPU), the latter over SDPA's row (blank without one),
     steps and seconds."""
     after = {r["attention"]: r for r in result["after_training"]}
     buckets = list(result["rows"][0]["bits_per_byte_by_position"]) if result["rows"] else []
     sdpa = next((r.get("tokens_per_s_after_first_step") for r in result["rows"] if r["attention"] == "sdpa"), None)
+    sdpa_row = next((r for r in result["rows"] if r["attention"] == "sdpa"), None)
     head = ["attention", "budget", "visited", "bits/byte native", "after SDPA training",
+            "native - after [95% CI]", "native - sdpa [95% CI]",
             *[f"native {b}" for b in buckets], "suite native", "suite after SDPA training", "tokens/s",
             "tokens/s after step 1", "/ sdpa", "steps", "seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -337,12 +346,25 @@ def markdown(result: dict) -> str:
         cells = [row["attention"], "" if row["budget"] is None else str(row["budget"]),
                  f"{row['visited_fraction']:.1%}", f"{row['bits_per_byte']:.3f}",
                  "" if other is None else f"{other['bits_per_byte']:.3f}",
+                 *(_paired(row, b) if b is not row else "" for b in (other, sdpa_row)),
                  *[f"{row['bits_per_byte_by_position'][b]:.3f}" for b in buckets],
                  _accuracy(row), "" if other is None else _accuracy(other),
                  f"{row['tokens_per_s']:.0f}", *_steady_throughput(row.get("tokens_per_s_after_first_step"), sdpa),
                  str(row["steps"]), f"{row['seconds']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _paired(row: dict, other: dict | None) -> str:
+    """``row``'s bits per byte minus ``other``'s over the same documents, with its paired bootstrap interval
+    (:func:`topo_attn.lm.intervals.paired_mean_difference`); blank without ``other`` or without per-document
+    values (an older file)."""
+    a = row.get("bits_per_byte_per_document")
+    b = None if other is None else other.get("bits_per_byte_per_document")
+    if not a or not b:
+        return ""
+    found = paired_mean_difference(a, b)
+    return f"{found.difference:+.3f} [{found.ci_low:+.3f}, {found.ci_high:+.3f}]"
 
 
 def _steady_throughput(tokens_per_s: float | None, sdpa: float | None) -> list[str]:

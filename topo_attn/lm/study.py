@@ -19,8 +19,9 @@ stale. ``sdpa`` and ``dense`` run as with block granularity; the visited fractio
 the block backend's at the same sizes); the recall and speed rows, which are about the block schedules and
 the kernels, are skipped with a note (``notes`` in the JSON).
 
-- **perplexity**: bits per byte, overall and by position bucket, for ``sdpa``, the kit's ``dense`` and every
-  selector of :data:`SELECTORS` at every budget, with the visited fraction of the causal blocks achieved;
+- **perplexity**: bits per byte, overall and by position bucket (and per document,
+  ``bits_per_byte_per_document``, for paired intervals), for ``sdpa``, the kit's ``dense`` and every selector of
+  :data:`SELECTORS` at every budget, with the visited fraction of the causal blocks achieved;
 - **retrieval**: the passkey probe (:mod:`.probe`) at distances from 1k to the context: exact-match rate and
   loss on the repeated value's bytes, for the same configurations;
 - **recall**: per layer and head, the attention-mass recall of each selector's schedule
@@ -52,7 +53,7 @@ from ..prefill_speed import COMPILE_MODES, prefill_speed_rows
 from ..provenance import ROOT, code_version
 from ..schedule import num_blocks
 from ..selection import full_attention, names, schedule_quality, select
-from .evaluate import bits_per_byte, passkey_scores, token_losses
+from .evaluate import bits_per_byte, document_bits_per_byte, passkey_scores, token_losses
 from .results import LM_SUITE
 from .token_attention import TOKEN_SELECTORS, register_token_selection
 from .token_attention import last_stats as token_last_stats
@@ -194,7 +195,9 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
         visited = scheduled / causal if causal else 1.0
         perplexity.append(dict(attention=attention, budget=budget, granularity=args.granularity,
                                visited_fraction=visited,
-                               bits_per_byte=bits_per_byte(torch.cat(losses)), documents=len(ids),
+                               bits_per_byte=bits_per_byte(torch.cat(losses)),
+                               bits_per_byte_per_document=document_bits_per_byte(torch.cat(losses)),
+                               documents=len(ids),
                                seconds=time.perf_counter() - started))
         scores = passkey_scores(model, probes, batch=args.batch)
         for distance in sorted({r["distance"] for r in scores}):

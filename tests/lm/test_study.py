@@ -187,6 +187,48 @@ def test_per_query_head_reaches_every_selection(run, monkeypatch, tmp_path):
     assert abs(mine - together) > 1e-4
 
 
+def test_a_run_cut_short_keeps_what_it_finished(run, monkeypatch, tmp_path):
+    """--out is rewritten after each configuration, with ``partial`` saying what is missing: a run stopped in
+    its second configuration keeps the first one's rows, one stopped in the recall rows keeps every
+    configuration's; a complete run has no ``partial``."""
+    assert "partial" not in run["result"]
+    root = run["root"]
+    out = tmp_path / "cut.json"
+    argv = ["--model", str(root / "model"), "--eval-set", str(root / "docs.npz"), "--length", str(LENGTH),
+            "--block-size", str(BLOCK), "--budgets", str(BUDGET), "--probes", "1", "--documents", "2", "--batch", "2",
+            "--selectors", "centroid", "--out", str(out), "--no-progress", "--device", DEVICE, "--dtype", "float32",
+            "--no-speed"]
+    real, calls = study.passkey_scores, []
+
+    def stopped_in_the_second(*args, **options):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a time limit's signal would be
+        return real(*args, **options)
+
+    monkeypatch.setattr(study, "passkey_scores", stopped_in_the_second)
+    with pytest.raises(KeyboardInterrupt), contextlib.redirect_stdout(io.StringIO()):
+        study.main(argv)
+    kept = json.loads(out.read_text())
+    assert kept["partial"] == "perplexity and retrieval of 1 of 3 configurations so far"
+    assert [r["attention"] for r in kept["perplexity"]] == ["sdpa"]
+    assert kept["perplexity"][0]["bits_per_byte"] == rows_by_config(run["result"]["perplexity"])[
+        ("sdpa", None)]["bits_per_byte"]
+    monkeypatch.setattr(study, "passkey_scores", real)
+
+    def stopped(*args, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "recall_rows", stopped)
+    with pytest.raises(KeyboardInterrupt), contextlib.redirect_stdout(io.StringIO()):
+        study.main(argv)
+    kept = json.loads(out.read_text())
+    assert kept["partial"] == "perplexity and retrieval done; the recall and speed rows not yet"
+    assert [(r["attention"], r["budget"]) for r in kept["perplexity"]] == [
+        ("sdpa", None), ("dense", None), ("centroid", BUDGET)]
+    assert "recall" not in kept
+
+
 def test_configurations():
     assert study.configurations([1, 2], ("window", "centroid")) == [
         ("sdpa", None), ("dense", None), ("window", 0), ("centroid", 1), ("centroid", 2)]

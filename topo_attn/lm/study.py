@@ -29,7 +29,9 @@ the kernels, are skipped with a note (``notes`` in the JSON).
 - **speed** (a GPU only): the whole model's prefill at the context length with ``sdpa`` and the kit's backend
   (:func:`topo_attn.prefill_speed.prefill_speed_rows`, schedule builds included).
 
-Results are written as JSON (``--out``) with the GPU, versions, command and commit.
+Results are written as JSON (``--out``) with the GPU, versions, command and commit: rewritten after every
+configuration's perplexity and retrieval and after every speed row, with ``partial`` saying what is missing
+until the run completes, so a run stopped by a time limit keeps what it finished.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import math
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -172,11 +175,14 @@ def _visited(name: str | None) -> tuple[int, int]:
 
 
 def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
-                 configs: list[tuple[str, int | None]] | None = None) -> tuple[list[dict], list[dict]]:
+                 configs: list[tuple[str, int | None]] | None = None,
+                 after_config: Callable[[list[dict], list[dict], int, int], None] | None = None
+                 ) -> tuple[list[dict], list[dict]]:
     """Perplexity rows and retrieval rows for every configuration (see the module docstring), or for the
     ``(attention, budget)`` pairs of ``configs`` when given (``sdpa``, ``dense`` or a selector; what
     ``python -m topo_attn.lm native`` evaluates); a progress bar when ``progress`` (None: when stderr is a
-    terminal)."""
+    terminal). ``after_config(perplexity, retrieval, done, total)`` is called with the rows so far after each
+    configuration (so a caller can keep them if the run is cut short)."""
     from tqdm.auto import tqdm
 
     ids = torch.from_numpy(docs.astype(np.int64))
@@ -206,6 +212,8 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
                                   visited_fraction=visited, distance=distance,
                                   exact=sum(r["exact"] for r in at) / len(at), probes=len(at),
                                   loss=sum(r["loss"] for r in at) / len(at)))
+        if after_config is not None:
+            after_config(perplexity, retrieval, len(perplexity), len(configs))
     return perplexity, retrieval
 
 
@@ -252,15 +260,17 @@ def recall_rows(model, doc: np.ndarray, args, progress: bool | None = True) -> l
     return rows
 
 
-def speed_rows(model, args) -> list[dict]:
+def speed_rows(model, args, after_row: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """The model's prefill at the documents' length with ``sdpa`` and the kit's backend
     (:func:`topo_attn.prefill_speed.prefill_speed_rows`, FlexAttention with ``--flex``); a GPU only. With
-    ``--selectors``, the kit's rows are its ``dense`` and those selectors' (else every selector's)."""
+    ``--selectors``, the kit's rows are its ``dense`` and those selectors' (else every selector's).
+    ``after_row(rows)``: called with the rows so far after each attention."""
     name = f"kit LM S{args.length // 1024}k b{args.block_size}"
     mode = getattr(args, "compile_mode", None)
     chosen = getattr(args, "selectors", None)
     return prefill_speed_rows(model, name, args.length, args.block_size, sinks=args.sinks, window=args.window,
                               with_flex=args.flex, selectors=None if chosen is None else ("dense", *chosen),
+                              after_row=after_row,
                               compile=None if mode is None else partial(torch.compile, mode=mode))
 
 
@@ -382,7 +392,6 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     docs = load_documents(eval_set_path(args), args.documents, args.length)
     args.length = docs.shape[1]
     started = time.perf_counter()
-    perplexity, retrieval = quality_rows(model, docs, args, args.progress)
     result = dict(
         suite=LM_SUITE, model=str(args.model), gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
         torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
@@ -393,17 +402,37 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         dtype=str(dtype).removeprefix("torch."),
         causal_blocks_per_lane=num_blocks(args.length, args.block_size) * (num_blocks(args.length, args.block_size)
                                                                             + 1) // 2,
-        perplexity=perplexity, retrieval=retrieval)
+        perplexity=[], retrieval=[])
+
+    def keep(partial: str | None) -> None:
+        """Write the result so far to ``--out`` (``partial`` says what is missing; None when complete)."""
+        if not args.out:
+            return
+        result.pop("partial", None)
+        if partial is not None:
+            result["partial"] = partial
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+    def after_config(perplexity: list[dict], retrieval: list[dict], done: int, total: int) -> None:
+        result.update(perplexity=perplexity, retrieval=retrieval)
+        keep(f"perplexity and retrieval of {done} of {total} configurations so far")
+
+    quality_rows(model, docs, args, args.progress, after_config=after_config)
+    if args.granularity != "token" and (args.recall or (args.speed and args.device != "cpu")):
+        keep("perplexity and retrieval done; the recall and speed rows not yet")
     if args.granularity == "token":
         result["notes"] = [TOKEN_SKIPPED]
     else:
         if args.recall:
             result["recall"] = recall_rows(model, docs[0], args, args.progress)
         if args.speed and args.device != "cpu":
-            result["speed"] = speed_rows(model, args)
+            def after_row(rows: list[dict]) -> None:
+                result["speed"] = rows
+                keep(f"speed rows of {len(rows)} attentions so far")
+
+            result["speed"] = speed_rows(model, args, after_row=after_row)
     result["seconds"] = time.perf_counter() - started
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+    keep(None)
     return result
 
 

@@ -24,8 +24,9 @@ it leaves ``unscored``):
   and ``dense``, 0 for ``window``), ``bits_per_byte`` (all held-out positions), ``bits_per_byte_by_position``
   (per position bucket, :data:`topo_attn.lm.evaluate.BUCKETS`), ``bits_per_byte_per_document`` (each held-out
   document's, in order: the items of the paired intervals in :func:`markdown`), ``visited_fraction`` (of the
-  causal blocks, in that evaluation), ``passkey`` (per distance: ``exact``, ``probes``, ``loss``), ``tokens_per_s`` (training
-  bytes per second of the training steps, validations between them left out; a token is a byte),
+  causal blocks, in that evaluation), ``passkey`` (per distance: ``exact``, ``probes``, ``loss``),
+  ``tokens_per_s`` (training bytes per second of the training steps, validations between them left out; a token
+  is a byte),
   ``tokens_per_s_after_first_step`` (the same without the first step, which on a GPU compiles the kernels),
   ``steps``, ``seconds`` (the training steps' wall time), ``run_seconds`` (the whole training run: corpus,
   validations, probes, saving), ``train_visited_fraction``, ``model`` (the checkpoint's folder),

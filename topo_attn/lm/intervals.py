@@ -83,6 +83,24 @@ def outcomes(name: str, values: object) -> np.ndarray:
     return array
 
 
+def measurements(name: str, values: object) -> np.ndarray:
+    """``values`` as a ``float64 [n]`` array, ``n >= 1``: the real-valued twin of :func:`outcomes`.
+
+    Raises
+    ------
+    TypeError
+        Not an array-like of real numbers (booleans are outcomes, not measurements).
+    ValueError
+        Not 1-D, empty, or a value that is not finite.
+    """
+    array = np.asarray(values)
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.number):
+        raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    if array.ndim != 1 or array.size < 1 or not np.isfinite(array).all():
+        raise ValueError(f"{name} must be 1-D with at least one value, all finite; got shape {array.shape}")
+    return array.astype(np.float64)
+
+
 def _confidence(confidence: object) -> float:
     if isinstance(confidence, bool) or not isinstance(confidence, Real):
         raise TypeError(f"confidence must be a number, got {type(confidence).__name__}")
@@ -227,19 +245,11 @@ def paired_mean_difference(a: object, b: object, confidence: float = CONFIDENCE,
     ValueError
         ``a`` or ``b`` is not 1-D with at least one finite value each, or their lengths differ.
     """
-    values = []
-    for name, given in (("a", a), ("b", b)):
-        array = np.asarray(given)
-        if array.dtype == bool or not np.issubdtype(array.dtype, np.number):
-            raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
-        if array.ndim != 1 or array.size < 1 or not np.isfinite(array).all():
-            raise ValueError(f"{name} must be 1-D with at least one value, all finite; got shape {array.shape}")
-        values.append(array.astype(np.float64))
-    if values[0].size != values[1].size:
-        raise ValueError(f"b must measure the same items as a: a has {values[0].size} values, b has "
-                         f"{values[1].size}")
+    a, b = measurements("a", a), measurements("b", b)
+    if a.size != b.size:
+        raise ValueError(f"b must measure the same items as a: a has {a.size} values, b has {b.size}")
     confidence, resamples = _confidence(confidence), check_int("resamples", resamples, 1)
-    differences = values[0] - values[1]
+    differences = a - b
     mean = float(differences.mean())
     if np.ptp(differences) == 0:
         return Difference(mean, differences.size, mean, mean)

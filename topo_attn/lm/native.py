@@ -333,8 +333,8 @@ def markdown(result: dict) -> str:
     steps and seconds."""
     after = {r["attention"]: r for r in result["after_training"]}
     buckets = list(result["rows"][0]["bits_per_byte_by_position"]) if result["rows"] else []
-    sdpa = next((r.get("tokens_per_s_after_first_step") for r in result["rows"] if r["attention"] == "sdpa"), None)
     sdpa_row = next((r for r in result["rows"] if r["attention"] == "sdpa"), None)
+    sdpa = None if sdpa_row is None else sdpa_row.get("tokens_per_s_after_first_step")
     head = ["attention", "budget", "visited", "bits/byte native", "after SDPA training",
             "native - after [95% CI]", "native - sdpa [95% CI]",
             *[f"native {b}" for b in buckets], "suite native", "suite after SDPA training", "tokens/s",

@@ -199,10 +199,11 @@ def quality_rows(model, docs: np.ndarray, args, progress: bool | None = True,
             s, c = _visited(name)
             scheduled, causal = scheduled + s, causal + c
         visited = scheduled / causal if causal else 1.0
+        losses = torch.cat(losses)
         perplexity.append(dict(attention=attention, budget=budget, granularity=args.granularity,
                                visited_fraction=visited,
-                               bits_per_byte=bits_per_byte(torch.cat(losses)),
-                               bits_per_byte_per_document=document_bits_per_byte(torch.cat(losses)),
+                               bits_per_byte=bits_per_byte(losses),
+                               bits_per_byte_per_document=document_bits_per_byte(losses),
                                documents=len(ids),
                                seconds=time.perf_counter() - started))
         scores = passkey_scores(model, probes, batch=args.batch)
@@ -418,14 +419,15 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
         keep(f"perplexity and retrieval of {done} of {total} configurations so far")
 
     quality_rows(model, docs, args, args.progress, after_config=after_config)
-    if args.granularity != "token" and (args.recall or (args.speed and args.device != "cpu")):
-        keep("perplexity and retrieval done; the recall and speed rows not yet")
     if args.granularity == "token":
         result["notes"] = [TOKEN_SKIPPED]
     else:
+        timed = args.speed and args.device != "cpu"
+        if args.recall or timed:
+            keep("perplexity and retrieval done; the recall and speed rows not yet")
         if args.recall:
             result["recall"] = recall_rows(model, docs[0], args, args.progress)
-        if args.speed and args.device != "cpu":
+        if timed:
             def after_row(rows: list[dict]) -> None:
                 result["speed"] = rows
                 keep(f"speed rows of {len(rows)} attentions so far")

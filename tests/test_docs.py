@@ -116,13 +116,21 @@ def test_gpu_blocks_run_on_a_gpu(page):
 def test_readme_first_example_runs_on_a_cpu_as_written():
     """The README's first python block is the one a newcomer pastes: it is not GPU-only, picks its device itself
     and runs alone, exactly as written, in a fresh process without TRITON_INTERPRET in the environment (the
-    example must handle that itself) and with CUDA hidden."""
+    example must handle that itself) and with CUDA hidden. Where Triton's interpreter cannot run with this
+    machine's triton and numpy (``launch.interpreter_unsupported_reason``), it stops with that reason instead."""
+    from topo_attn.launch import interpreter_unsupported_reason
+
     first = next(b for b in blocks(README) if b.language == "python")
     assert not first.gpu, "the README's first example must run on a CPU"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
     result = subprocess.run([sys.executable, "-c", first.text], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=PAGE_TIMEOUT_S)
+    problem = interpreter_unsupported_reason()
+    if problem is not None:
+        assert result.returncode != 0 and result.stderr.strip().splitlines()[-1] == f"RuntimeError: {problem}", (
+            result.stdout + result.stderr)
+        return
     assert result.returncode == 0, result.stdout + result.stderr
     printed = result.stdout.strip().splitlines()
     assert printed, "the first example prints nothing a reader could compare with"

@@ -212,6 +212,25 @@ def test_advice():
     assert "triton is not installed" in doctor.advice(_report(triton=None))[0]
 
 
+def test_advice_names_an_interpreter_that_cannot_run_here():
+    """Triton < 3.7's interpreter with numpy >= 2.4 cannot run the kernels: where the interpreter would run (no
+    GPU, or TRITON_INTERPRET set), the advice says so and names the fix; with a GPU and compiled kernels it is
+    not advice."""
+    def report(triton, numpy, gpu=None, interpreter=False):
+        r = _report(triton=triton, gpu=gpu, capability="9.0" if gpu else None, interpreter=interpreter)
+        r["versions"]["numpy"] = numpy
+        return r
+
+    def problem(tips):
+        return [t for t in tips if "cannot run with numpy" in t]
+
+    tips = problem(doctor.advice(report("3.6.0", "2.4.1")))
+    assert len(tips) == 1 and "triton 3.6.0" in tips[0] and "triton>=3.7 or numpy<2.4" in tips[0]
+    assert problem(doctor.advice(report("3.6.0", "2.4.1", gpu="H100", interpreter=True)))
+    assert not problem(doctor.advice(report("3.6.0", "2.4.1", gpu="H100")))
+    assert not problem(doctor.advice(report("3.6.0", "2.3.5"))) and not problem(doctor.advice(report("3.7.0", "2.4")))
+
+
 # --- the doctor's choice is the one scheduled_attention makes ---------------------------------------------------
 
 

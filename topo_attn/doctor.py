@@ -125,12 +125,12 @@ def machine() -> dict:
 
 
 def versions() -> dict:
-    """Python, torch, triton, transformers (None: not installed), the CUDA torch was built with (None: a CPU
+    """Python, torch, triton, numpy, transformers (None: not installed), the CUDA torch was built with (None: a CPU
     build) and the NVIDIA driver (None: no ``nvidia-smi``)."""
     from . import __version__
 
     return dict(topo_attn=__version__, python=platform.python_version(), torch=torch.__version__,
-                triton=_version("triton"),
+                triton=_version("triton"), numpy=_version("numpy"),
                 transformers=_version("transformers"), cuda=torch.version.cuda, driver=_driver_version())
 
 
@@ -311,6 +311,12 @@ def advice(report: dict) -> list[str]:
     elif report["triton_state"]["interpreter"]:
         tips.append("TRITON_INTERPRET is set on a GPU machine: the kernels run in the interpreter on the CPU; unset "
                     "it for the compiled kernels")
+    if (gpu["gpu"] is None or report["triton_state"]["interpreter"]) and found.get("numpy"):
+        from .launch import interpreter_unsupported_reason
+
+        problem = interpreter_unsupported_reason(found["triton"], found["numpy"])
+        if problem:
+            tips.append(problem)
     if gpu["gpu"] is not None and tuple(map(int, gpu["compute_capability"].split("."))) != HOPPER_CAPABILITY:
         tips.append(f"the Gluon forward needs a Hopper GPU (sm_90, H100/H200); this {gpu['gpu']} is "
                     f"sm_{gpu['compute_capability'].replace('.', '')}: the portable forward runs")
@@ -360,6 +366,7 @@ def render(report: dict) -> str:
     row("python", found["python"])
     row("torch", found["torch"] + (f" (CUDA {found['cuda']})" if found["cuda"] else " (a CPU build, no CUDA)"))
     row("triton", found["triton"] or "not installed")
+    row("numpy", found["numpy"] or "not installed")
     row("transformers", found["transformers"] or "not installed")
     if found["driver"]:
         row("NVIDIA driver", found["driver"])

@@ -19,7 +19,9 @@ eligibility already).
 from __future__ import annotations
 
 import functools
+import re
 
+import numpy as np
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
@@ -32,6 +34,29 @@ def _probe():
 
 INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
 """True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernels then run on the CPU."""
+
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
+    return int(major), int(minor)
+
+
+def interpreter_unsupported_reason(triton_version: str = triton.__version__,
+                                   numpy_version: str = np.__version__) -> str | None:
+    """Why Triton's interpreter cannot run the kit's kernels with these versions, or ``None``. Triton before 3.7
+    turns a loaded scalar into a Python int with ``int()`` of a one-element array, which numpy 2.4 made a
+    ``TypeError``: every kernel whose loop bounds are loaded (all of the kit's) then fails inside the
+    interpreter. Compiled kernels are not affected."""
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"Triton's interpreter in triton {triton_version} cannot run with numpy {numpy_version} (numpy 2.4 "
+                f"stopped converting one-element arrays to int, which triton < 3.7's interpreter does): install "
+                f"triton>=3.7 or numpy<2.4")
+    return None
+
+
+INTERPRETER_PROBLEM: str | None = interpreter_unsupported_reason() if INTERPRETED else None
+"""In the interpreter, why it cannot run the kernels here (:func:`interpreter_unsupported_reason`), else None."""
 
 DIRECT: bool = not INTERPRETED and triton.__version__.startswith("3.6.")
 """Whether :func:`launch` may launch compiled kernels directly (triton 3.6, not the interpreter)."""
@@ -113,8 +138,11 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, meta: dict) -> None:
         meta: compile-time arguments and launch options (``num_warps``, ``maxnreg``, ...), by name.
 
     Launches on the current device and stream, as ``kernel[grid]`` does. Raises what ``kernel[grid]`` raises
-    on a new key, and ``TypeError`` for an argument :func:`specialisation` does not know."""
+    on a new key, ``TypeError`` for an argument :func:`specialisation` does not know, and ``RuntimeError`` (before
+    any launch) when the interpreter cannot run here (:data:`INTERPRETER_PROBLEM`)."""
     if not DIRECT or _hooked():
+        if INTERPRETER_PROBLEM is not None:
+            raise RuntimeError(INTERPRETER_PROBLEM)
         kernel[grid](*_real(args), **meta)
         return
     driver = triton.runtime.driver.active

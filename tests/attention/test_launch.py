@@ -38,6 +38,25 @@ def test_tiles_become_triton_descriptors():
     assert descriptor.base is t and list(descriptor.block_shape) == [1, 1, 8, 16]
 
 
+def test_the_interpreter_s_numpy_problem_is_named_by_version():
+    """Triton < 3.7's interpreter fails with numpy >= 2.4; every other pairing runs."""
+    reason = launch.interpreter_unsupported_reason
+    assert "install triton>=3.7 or numpy<2.4" in reason("3.6.0", "2.4.1")
+    assert reason("3.1.0", "2.4.0") and reason("3.6.0", "3.0.0")
+    assert reason("3.7.0", "2.4.1") is None and reason("3.9.0", "2.4.0") is None
+    assert reason("3.6.0", "2.3.5") is None and reason("3.6.0", "1.26.4") is None
+
+
+def test_an_interpreter_that_cannot_run_stops_before_the_launch(monkeypatch, device):
+    """Where the interpreter cannot run (``INTERPRETER_PROBLEM``), a kernel call raises that reason, on the
+    launch path every call takes in the interpreter, before any launch."""
+    monkeypatch.setattr(launch, "DIRECT", False)
+    monkeypatch.setattr(launch, "INTERPRETER_PROBLEM", "the interpreter cannot run here: install something")
+    q, k, v = inputs((1, 2, 128, 16), (1, 2, 128, 16), torch.float16, device, seed=3)
+    with pytest.raises(RuntimeError, match="the interpreter cannot run here"):
+        ta.scheduled_attention(q, k, v, ta.dense_causal_schedule(128, 32, device=device))
+
+
 @pytest.mark.cuda
 def test_direct_launches_match_and_respecialise():
     """Repeated calls reuse one compiled kernel per key; an unaligned view of the same values then gets its

@@ -113,7 +113,9 @@ def test_model_case_compiled_times_the_compiled_forward(device):
     torch._dynamo.reset()
     assert [r["attention"] for r in rows] == [FLOOR, "sdpa", SDPA_MASKED, "topo_attn dense",
                                               "topo_attn topology_22", "topo_attn centroid", "topo_attn oracle"]
-    assert compiled_calls == [True] * 6 and timed == [(1, 1, 96)] * 6 and all(r["compiled"] for r in rows)
+    # on a GPU each timed row also counts its compiled call's syncs and host time: as many more calls per row
+    assert all(compiled_calls) and len(compiled_calls) % 6 == 0 and (len(compiled_calls) == 6) == (device == "cpu")
+    assert timed == [(1, 1, 96)] * 6 and all(r["compiled"] for r in rows)
     assert "waits for the host" in rows[6]["skipped"] and math.isnan(rows[6]["ms"])
     assert rows[4]["ms"] == 2.2 and rows[4]["visited_fraction"] < 1.0
     assert rows[5]["visited_fraction"] < 1.0 and rows[5]["ms"] == 2.5 and rows[3]["max_logit_diff"] < 1e-4

@@ -1,4 +1,5 @@
-"""Native sparse training (issue 42, item 2) on the CPU, the kit's Triton kernels in the interpreter:
+"""Native sparse training (issue 42, item 2) on the test device (the CPU with the kit's Triton kernels in the
+interpreter, or a GPU with them compiled):
 ``python -m topo_attn.lm train --attention SELECTOR --budget B`` trains through the kit's backend from the first
 step (its kernels ran, forward and backward; each layer chose its blocks from its own queries and keys at every
 step; every weight got a gradient), ``--attention sdpa`` without copy content trains as the commit before it
@@ -20,7 +21,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from helpers import write_train_corpus
+from helpers import DEVICE, write_train_corpus
 
 from topo_attn import cli
 from topo_attn.lm import native, probe, train
@@ -88,7 +89,7 @@ def sparse_run(tmp_path_factory, roots):
         patch.setattr(tat, "select", recording_select)
         patch.setattr(tat, "scheduled_attention", recording_kernel)
         patch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
-        summary = train.train(out, dataclasses.replace(SETTINGS, attention="quest"), SHAPE, device="cpu",
+        summary = train.train(out, dataclasses.replace(SETTINGS, attention="quest"), SHAPE, device=DEVICE,
                               roots=roots, progress=False)
     return dict(out=out, summary=summary, records=records, stats=tat.last_stats(TRAIN_BACKEND),
                 registered=tat.registered(TRAIN_BACKEND))
@@ -155,8 +156,8 @@ def test_the_checkpoint_loads_without_the_backend(sparse_run):
 def test_a_training_step_through_the_kits_dense_kernels_matches_sdpa():
     """The kit's ``dense`` (every causal block) trains as SDPA does: equal loss and gradients (float32)."""
     torch.manual_seed(0)
-    model = LlamaForCausalLM(train.lm_config(SHAPE, 128))
-    ids = torch.randint(0, 256, (2, 129), generator=torch.Generator().manual_seed(1))
+    model = LlamaForCausalLM(train.lm_config(SHAPE, 128)).to(DEVICE)
+    ids = torch.randint(0, 256, (2, 129), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = {}
     for attention in ("sdpa", "dense"):
         model.zero_grad(set_to_none=True)
@@ -297,9 +298,9 @@ def test_budget_defaults_to_n_over_8():
 
 # --------------------------------------------------------------------------------------- the native study
 def native_argv(out, models, roots, *attentions) -> list[str]:
-    """The CPU smoke run's command line (tiny model, 2 steps at context 256) for ``attentions``."""
+    """The smoke run's command line (tiny model, 2 steps at context 256, on the test device) for ``attentions``."""
     return ["native", "--out", str(out), "--models", str(models), "--attentions", *attentions,
-            "--device", "cpu", *root_options(roots), "--context", "256", "--batch", "1", "--steps", "2",
+            "--device", DEVICE, *root_options(roots), "--context", "256", "--batch", "1", "--steps", "2",
             "--warmup", "1", "--eval-every", "100", "--eval-documents", "2", "--log-every", "1", "--block-size", "32",
             "--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
             "--intermediate", "128", "--documents", "1", "--probes", "1", "--eval-batch", "1", "--no-progress",
@@ -309,7 +310,7 @@ def native_argv(out, models, roots, *attentions) -> list[str]:
 @pytest.fixture(scope="module")
 def native_run(tmp_path_factory, roots):
     folder = tmp_path_factory.mktemp("native")
-    out = folder / "lm_native_cpu.json"
+    out = folder / "lm_native_test.json"
     argv = native_argv(out, folder / "models", roots, "sdpa", "quest")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -320,7 +321,9 @@ def native_run(tmp_path_factory, roots):
 def test_native_writes_the_rows_and_the_provenance(native_run):
     result = native_run["result"]
     assert result["suite"] == "lm_native" and result["complete"] is True
-    assert result["gpu"] == "cpu" and result["torch"] == torch.__version__ and result["dtype"] == "float32"
+    on_cpu = DEVICE == "cpu"
+    assert result["gpu"] == ("cpu" if on_cpu else torch.cuda.get_device_name(DEVICE))
+    assert result["torch"] == torch.__version__ and result["dtype"] == ("float32" if on_cpu else "bfloat16")
     assert result["transformers"] == transformers.__version__ and result["triton"]
     assert result["command"].startswith("python -m topo_attn.lm native --out ")
     assert {"commit", "commit_source", "date"} <= set(result) and result["seconds"] > 0
@@ -411,9 +414,10 @@ def test_native_scores_agree_with_the_evaluation_functions(native_run):
     assert torch.equal(docs, torch.from_numpy(np.load(models / "quest" / "eval_set.npz")["documents"][:1]
                                               .astype(np.int64)))  # equal seeds and settings: equal documents
     name = tat.register(selector="quest", block_size=32, sinks=1, window=1, budget=1, name="native_check")
+    dtype = getattr(torch, result["dtype"])
     for trained, attention, expected in (("sdpa", "sdpa", rows["sdpa"]), ("quest", name, rows["quest"]),
                                          ("sdpa", name, result["after_training"][0])):
-        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=torch.float32).eval()
+        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=dtype).to(result["device"]).eval()
         model.set_attn_implementation(attention)
         bits = bits_per_byte(token_losses(model, docs))
         assert bits["all"] == pytest.approx(expected["bits_per_byte"], rel=1e-6), (trained, attention)
@@ -434,9 +438,10 @@ def test_native_retrieval_suite_agrees_with_the_suite_runner(native_run):
     assert len(probes) == 2 and all(p.distance == 100 for p in probes)
     rows = {r["attention"]: r for r in result["rows"]}
     token = register_token_selection("quest", 32, 1, 1, 1, name="native_suite_check")
+    dtype = getattr(torch, result["dtype"])
     for trained, attention, expected in (("sdpa", "sdpa", rows["sdpa"]), ("quest", token, rows["quest"]),
                                          ("sdpa", token, result["after_training"][0])):
-        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=torch.float32).eval()
+        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=dtype).to(result["device"]).eval()
         model.set_attn_implementation(attention)
         correct = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=1)]
         assert expected["retrieval_suite_accuracy"] == sum(correct) / 2, (trained, attention)

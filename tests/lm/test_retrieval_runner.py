@@ -1,5 +1,5 @@
 """``python -m topo_attn.lm retrieval`` (topo_attn.lm.retrieval_runner) end to end on a tiny random Llama saved to
-disk, on the CPU: the JSON's fields and rows, n per cell, the intervals, the dense gate, the plumbing of the
+disk, on the test device (float32): the JSON's fields and rows, n per cell, the intervals, the dense gate, the plumbing of the
 scores (a scorer that always answers right gives accuracy 1), the loader, and one-line usage errors."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import write_corpus
+from helpers import DEVICE, write_corpus
 from topo_attn.lm import retrieval_runner
 from topo_attn.lm.results import LM_RETRIEVAL_ROW_KEYS, load_lm_retrieval
 from topo_attn.lm.retrieval import TASKS
@@ -50,7 +50,7 @@ def setup(tmp_path_factory):
 def argv(root, out, *extra) -> list[str]:
     return ["--model", str(root / "model"), "--eval-set", str(root / "docs.npz"), "--documents", "3",
             "--block-size", str(BLOCK), "--budgets", str(BUDGET), "--probes", str(PROBES), "--distances",
-            str(DISTANCE), "--selectors", *SELECTORS, "--device", "cpu", "--dtype", "float32", "--batch", "2",
+            str(DISTANCE), "--selectors", *SELECTORS, "--device", DEVICE, "--dtype", "float32", "--batch", "2",
             "--no-progress", "--out", str(out), *extra]
 
 
@@ -70,7 +70,8 @@ def run(setup):
 
 def test_header_and_rows(run):
     result = run["result"]
-    assert result["suite"] == "lm_retrieval" and result["gpu"] == "cpu" and result["dtype"] == "float32"
+    assert result["suite"] == "lm_retrieval" and result["dtype"] == "float32"
+    assert result["gpu"] == ("cpu" if DEVICE == "cpu" else torch.cuda.get_device_name(DEVICE))
     assert result["command"].startswith("python -m topo_attn.lm retrieval --model ")
     assert "commit" in result and "commit_source" in result and result["seconds"] > 0
     assert result["length"] == LENGTH and result["probes_per_cell"] == PROBES and result["granularity"] == "token"

@@ -1,6 +1,7 @@
 """``python -m topo_attn.lm retrieval`` (topo_attn.lm.retrieval_runner) end to end on a tiny random Llama saved to
-disk, on the test device (float32): the JSON's fields and rows, n per cell, the intervals, the dense gate, the plumbing of the
-scores (a scorer that always answers right gives accuracy 1), the loader, and one-line usage errors."""
+disk, on the test device (float32): the JSON's fields and rows, n per cell, the intervals, the dense gate, the
+plumbing of the scores (a scorer that always answers right gives accuracy 1), the loader, and one-line usage
+errors."""
 
 from __future__ import annotations
 

@@ -261,6 +261,13 @@ def read_status(graph, spins: int) -> tuple[int, int]:
     return total, finite
 
 
+def _replayable(keys: torch.Tensor, n: int, dtype: torch.dtype, use_graph: bool) -> bool:
+    """Whether a cached graph may serve a build over ``keys`` ``[L, S, D]`` of ``n`` blocks per lane: CUDA keys,
+    ``use_graph``, cached graphs allowed (not within :func:`no_cached_graphs`) and the distance scratch within
+    :data:`GRAPH_MAX_BYTES`."""
+    return keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(keys.shape[0], n, dtype)
+
+
 def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: int, sinks: int, window: int,
                use_graph: bool = True, status_spins: int = STATUS_SPINS, read_status_back: bool = True
                ) -> tuple[torch.Tensor, torch.Tensor, bool | None]:
@@ -297,7 +304,7 @@ def build_rows(keys: torch.Tensor, block_size: int, dtype: torch.dtype, topk: in
     lanes, seq, _ = keys.shape
     n = triton.cdiv(seq, block_size)
     rule = (topk, sinks, window)
-    use_graph = keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
+    use_graph = _replayable(keys, n, dtype, use_graph)
     if use_graph and not read_status_back and not torch.cuda.is_current_stream_capturing():
         rows = _replay_on_keys(("padded", rule), keys, block_size, dtype,
                                lambda centroids: _stages(centroids, *rule)[0])
@@ -346,10 +353,8 @@ def salience_of_keys(keys: torch.Tensor, block_size: int, dtype: torch.dtype, us
         ``[L, n]`` in ``dtype``, a tensor of its own (the graph's buffer is copied out: the next replay rewrites
         it). Centroids that are not finite give meaningless saliences (in bounds): callers check the keys.
     """
-    lanes, seq, _ = keys.shape
-    n = triton.cdiv(seq, block_size)
+    n = triton.cdiv(keys.shape[1], block_size)
     # (inside a caller's capture, e.g. a captured forward, the kernels are captured there one by one)
-    if (keys.is_cuda and use_graph and cached_graphs_allowed() and _graph_fits(lanes, n, dtype)
-            and not torch.cuda.is_current_stream_capturing()):
+    if _replayable(keys, n, dtype, use_graph) and not torch.cuda.is_current_stream_capturing():
         return _replay_on_keys(("salience",), keys, block_size, dtype, lambda centroids: _saliences(centroids)[0])
     return _saliences(block_centroids_kernel(keys, block_size, dtype))[0]

@@ -193,8 +193,8 @@ def test_schedule_builder():
     assert too_many["where"] == "cpu" and "4097 blocks" in too_many["reason"]
 
 
-def _report(triton="3.6.0", gpu=None, capability=None, cuda="12.8", interpreter=False) -> dict:
-    return dict(versions=dict(torch="2.11.0", triton=triton, cuda=cuda),
+def _report(triton="3.6.0", gpu=None, capability=None, cuda="12.8", interpreter=False, numpy="2.3.5") -> dict:
+    return dict(versions=dict(torch="2.11.0", triton=triton, numpy=numpy, cuda=cuda),
                 machine=dict(gpu=gpu, compute_capability=capability), triton_state=dict(interpreter=interpreter))
 
 
@@ -217,9 +217,8 @@ def test_advice_names_an_interpreter_that_cannot_run_here():
     GPU, or TRITON_INTERPRET set), the advice says so and names the fix; with a GPU and compiled kernels it is
     not advice."""
     def report(triton, numpy, gpu=None, interpreter=False):
-        r = _report(triton=triton, gpu=gpu, capability="9.0" if gpu else None, interpreter=interpreter)
-        r["versions"]["numpy"] = numpy
-        return r
+        return _report(triton=triton, gpu=gpu, capability="9.0" if gpu else None, interpreter=interpreter,
+                       numpy=numpy)
 
     def problem(tips):
         return [t for t in tips if "cannot run with numpy" in t]

@@ -311,7 +311,7 @@ def advice(report: dict) -> list[str]:
     elif report["triton_state"]["interpreter"]:
         tips.append("TRITON_INTERPRET is set on a GPU machine: the kernels run in the interpreter on the CPU; unset "
                     "it for the compiled kernels")
-    if (gpu["gpu"] is None or report["triton_state"]["interpreter"]) and found.get("numpy"):
+    if (gpu["gpu"] is None or report["triton_state"]["interpreter"]) and found["numpy"]:
         from .launch import interpreter_unsupported_reason
 
         problem = interpreter_unsupported_reason(found["triton"], found["numpy"])

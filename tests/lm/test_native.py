@@ -405,6 +405,11 @@ def test_the_table_gives_paired_intervals_over_the_documents():
     assert cells["native - after [95% CI]"] == "" and cells["native - sdpa [95% CI]"] == ""
 
 
+def checkpoint(folder, result: dict):
+    """The saved model in ``folder`` as the run evaluated it: in its dtype, on its device, in eval mode."""
+    return LlamaForCausalLM.from_pretrained(folder, dtype=getattr(torch, result["dtype"])).to(result["device"]).eval()
+
+
 def test_native_scores_agree_with_the_evaluation_functions(native_run):
     """Each row's bits per byte are those of its saved checkpoint on the held-out documents, with the attention
     it was trained with (sdpa, quest), and the after-training row the SDPA-trained model's under quest."""
@@ -414,10 +419,9 @@ def test_native_scores_agree_with_the_evaluation_functions(native_run):
     assert torch.equal(docs, torch.from_numpy(np.load(models / "quest" / "eval_set.npz")["documents"][:1]
                                               .astype(np.int64)))  # equal seeds and settings: equal documents
     name = tat.register(selector="quest", block_size=32, sinks=1, window=1, budget=1, name="native_check")
-    dtype = getattr(torch, result["dtype"])
     for trained, attention, expected in (("sdpa", "sdpa", rows["sdpa"]), ("quest", name, rows["quest"]),
                                          ("sdpa", name, result["after_training"][0])):
-        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=dtype).to(result["device"]).eval()
+        model = checkpoint(models / trained, result)
         model.set_attn_implementation(attention)
         bits = bits_per_byte(token_losses(model, docs))
         assert bits["all"] == pytest.approx(expected["bits_per_byte"], rel=1e-6), (trained, attention)
@@ -438,10 +442,9 @@ def test_native_retrieval_suite_agrees_with_the_suite_runner(native_run):
     assert len(probes) == 2 and all(p.distance == 100 for p in probes)
     rows = {r["attention"]: r for r in result["rows"]}
     token = register_token_selection("quest", 32, 1, 1, 1, name="native_suite_check")
-    dtype = getattr(torch, result["dtype"])
     for trained, attention, expected in (("sdpa", "sdpa", rows["sdpa"]), ("quest", token, rows["quest"]),
                                          ("sdpa", token, result["after_training"][0])):
-        model = LlamaForCausalLM.from_pretrained(models / trained, dtype=dtype).to(result["device"]).eval()
+        model = checkpoint(models / trained, result)
         model.set_attn_implementation(attention)
         correct = [bool(r["exact"]) for r in passkey_scores(model, probes, batch=1)]
         assert expected["retrieval_suite_accuracy"] == sum(correct) / 2, (trained, attention)

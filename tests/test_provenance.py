@@ -1,12 +1,16 @@
 """The commit record of a result (topo_attn.provenance): what ``code_version`` finds in a checkout, how
-``commit_text`` says it, ``check_commit``'s refusals, and that every committed result names a commit of this
-history."""
+``commit_text`` says it, ``check_commit``'s refusals, the header ``run_record`` writes and the versions
+``package_version`` reads, and that every committed result names a commit of this history."""
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import json
 import re
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,30 @@ def git(cwd: Path, *args: str) -> str:
 def test_root_is_the_repository():
     assert provenance.ROOT == Path(__file__).resolve().parents[1]
     assert (provenance.ROOT / provenance.PACKAGE_DIR / "provenance.py").is_file()
+
+
+def test_package_version_prefers_the_imported_module_then_the_distribution(monkeypatch):
+    import numpy as np
+
+    assert provenance.package_version("numpy") == np.__version__
+    assert provenance.package_version("pytest") == importlib.metadata.version("pytest")
+    assert provenance.package_version("no_such_package_of_topo_attn") is None
+    # a module imported under another distribution's name (pytorch-triton for triton) reports its own version
+    monkeypatch.setitem(sys.modules, "no_such_package_of_topo_attn", types.SimpleNamespace(__version__="9.8.7"))
+    assert provenance.package_version("no_such_package_of_topo_attn") == "9.8.7"
+
+
+def test_run_record_is_the_header_of_a_result(tmp_path):
+    import torch
+
+    record = provenance.run_record("cpu", "python -m topo_attn.lm retrieval --probes 2")
+    assert record["gpu"] == "cpu" and record["torch"] == torch.__version__
+    assert record["triton"] == provenance.package_version("triton") is not None
+    assert record["command"] == "python -m topo_attn.lm retrieval --probes 2"
+    assert record["date"] == datetime.date.today().isoformat()
+    assert {k: record[k] for k in provenance.COMMIT_KEYS if k in record} == provenance.code_version()
+    elsewhere = provenance.run_record(torch.device("cpu"), "x", root=tmp_path)
+    assert elsewhere["commit"] is None and "not in a git checkout" in elsewhere["commit_source"]
 
 
 def test_code_version_names_the_commit_and_uncommitted_changes(tmp_path):

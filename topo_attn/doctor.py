@@ -16,7 +16,6 @@ See docs/versions.md.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
@@ -28,6 +27,7 @@ import torch
 
 from . import cli
 from ._checks import MAX_LANES, SUPPORTED_HEAD_DIMS, check_kernel_block_size
+from .provenance import package_version
 
 PROG = "python -m topo_attn.doctor"
 
@@ -94,13 +94,6 @@ def check_args(args: argparse.Namespace) -> None:
 # --- the machine and the versions ---------------------------------------------------------------------------
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _driver_version() -> str | None:
     """The NVIDIA driver, from ``nvidia-smi`` (None where it is missing or fails)."""
     if shutil.which("nvidia-smi") is None:
@@ -130,8 +123,8 @@ def versions() -> dict:
     from . import __version__
 
     return dict(topo_attn=__version__, python=platform.python_version(), torch=torch.__version__,
-                triton=_version("triton"), numpy=_version("numpy"),
-                transformers=_version("transformers"), cuda=torch.version.cuda, driver=_driver_version())
+                triton=package_version("triton"), numpy=package_version("numpy"),
+                transformers=package_version("transformers"), cuda=torch.version.cuda, driver=_driver_version())
 
 
 # --- the decisions ------------------------------------------------------------------------------------------

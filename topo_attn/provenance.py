@@ -5,15 +5,20 @@ A result file (the benchmark runner's, ``python -m topo_attn.bench``, and the la
 of the repository's commit (``None`` when it is not known), ``dirty``, whether ``topo_attn/`` had uncommitted
 changes (left out when not known), and ``commit_source``, how the commit was determined or why there is none.
 The commands write them from :func:`code_version`; :func:`commit_text` says them in words and
-:func:`check_commit` refuses a file whose keys have the wrong types.
+:func:`check_commit` refuses a file whose keys have the wrong types. :func:`run_record` is the whole header a
+result file starts with (the machine, the versions, the command, the date and the commit);
+:func:`package_version` is how every part of the kit reads an installed package's version.
 
 This module sits below both ``bench`` and ``lm``, which import it; it imports nothing of the package.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
 import platform
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -58,6 +63,34 @@ def code_version(root: str | Path = ROOT) -> dict:
     dirty = bool(git("status", "--porcelain", "--", PACKAGE_DIR))
     return {"commit": commit, "dirty": dirty, "commit_source": f"git rev-parse --short HEAD when it ran; dirty: "
                                                                f"git status --porcelain -- {PACKAGE_DIR}/"}
+
+
+def package_version(name: str) -> str | None:
+    """The version of the installed package ``name``: the ``__version__`` of the module when it is imported
+    already (a build installed under another distribution name, such as ``pytorch-triton``, included), else
+    its distribution's version (:mod:`importlib.metadata`); ``None`` when it is not installed."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def run_record(device, command: str, root: str | Path = ROOT) -> dict:
+    """The header of a result file: ``gpu`` (the name of ``device``'s GPU, or ``"cpu"`` when ``device`` is
+    not a CUDA device), the ``torch``, ``triton`` and ``transformers`` versions (:func:`package_version`),
+    ``command`` as given (the command line that produced the result), ``date`` (today, ISO) and the
+    :data:`COMMIT_KEYS` of ``root`` (:func:`code_version`). ``device`` is a ``torch.device`` or a string
+    such as ``"cuda"``, ``"cuda:1"`` or ``"cpu"``."""
+    import torch
+
+    device = torch.device(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return dict(gpu=gpu, torch=package_version("torch"), triton=package_version("triton"),
+                transformers=package_version("transformers"), command=command,
+                date=datetime.date.today().isoformat(), **code_version(root))
 
 
 def commit_text(info: Mapping) -> str:

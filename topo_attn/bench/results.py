@@ -13,8 +13,8 @@ example ``{"flex": "dynamo fell back to eager"}``). The loaders refuse such a fi
 file, the case and the reason): an invalid figure is re-measured, never shown.
 
 Every result file also says which code produced it (:data:`~topo_attn.provenance.COMMIT_KEYS`, written by the
-runner from :func:`~topo_attn.provenance.code_version`); :func:`~topo_attn.provenance.commit_text` says them in
-words.
+runner and the language-model commands by :func:`~topo_attn.provenance.run_record`);
+:func:`~topo_attn.provenance.commit_text` says them in words.
 """
 
 from __future__ import annotations

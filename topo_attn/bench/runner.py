@@ -9,10 +9,11 @@ cache: each selector's one-launch update and table, as CUDA-graph replays, next 
 (one layer's host time split into selection, kernel and the backend's own work, next to SDPA's), with a
 progress bar on stderr naming the case that runs when stderr is a terminal (``--progress`` / ``--no-progress``
 force it on or off; ``--no-flex`` leaves FlexAttention out of ``llm``, ``train``, ``model`` and ``decode``).
-Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch and triton versions, the exact
-command, the date, the commit of the code with whether ``topo_attn/`` had uncommitted changes
-(:func:`~topo_attn.provenance.code_version`), the optional note, the rows of every case (one per case, or one per
-implementation in ``model``, per timed path in ``decode`` and per selector in ``step``) and the table) to
+Prints the suite's markdown table on stdout and writes JSON (the GPU, the torch, triton and transformers
+versions, the exact command, the date, the commit of the code with whether ``topo_attn/`` had uncommitted changes
+(:func:`~topo_attn.provenance.run_record`, taken as the run starts), the optional note, the rows of every case
+(one per case, or one per implementation in ``model``, per timed path in ``decode`` and per selector in ``step``)
+and the table) to
 ``--out`` or ``data/benchmarks/<suite>_<gpu>.json`` in the repository (:data:`~topo_attn.bench.results.RESULTS_DIR`).
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -30,7 +30,7 @@ import torch
 
 from .. import cli
 from ..prefill_speed import COMPILE_MODES, calls_median_ms
-from ..provenance import code_version
+from ..provenance import run_record
 from ..selection import names
 from .build import build_markdown, run_build_case
 from .cases import SUITES, Case
@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = torch.cuda.get_device_name()
     print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}", file=sys.stderr)
-    version = code_version()  # the code as the run starts
 
     def run_case(case: Case) -> dict | list[dict]:
         if args.suite == "build":
@@ -176,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
               "decode": decode_markdown, "generate": generate_markdown, "step": step_markdown, "host": host_markdown}
     given = argv if argv is not None else sys.argv[1:]
     command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
+    header = run_record("cuda", command.strip())  # the code as the run starts
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     out = args.out or RESULTS_DIR / f"{args.suite}_{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         (rewritten after every case, and after every row of a model or generate case: a run cut short keeps them, marked
         ``partial``); returns the table."""
         table = tables[args.suite](rows) if args.suite in tables else kernel_markdown(rows, args.suite)
-        result = dict(suite=args.suite, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                      command=command.strip(), date=time.strftime("%Y-%m-%d"), **version, rows=rows, table=table)
+        result = dict(suite=args.suite, **header, rows=rows, table=table)
         if done < len(cases):
             result["partial"] = f"{done} of {len(cases)} cases so far" + (
                 f", and the rows of {running} done so far" if running else "")

@@ -41,7 +41,6 @@ reads it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -53,7 +52,7 @@ import torch
 
 from .. import cli
 from ..eviction import POLICIES
-from ..provenance import code_version
+from ..provenance import run_record
 from ..schedule import num_blocks
 from . import intervals
 from .evaluate import bits_per_byte, passkey_scores, token_losses
@@ -197,7 +196,6 @@ def retrieval_cells(probes: list, correct: list[bool], dense: list[bool] | None)
 def eviction_study(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """Everything of the module docstring for parsed (and checked, :func:`check_args`) ``args``; the results as a
     dict (and JSON at ``args.out``)."""
-    import transformers
     from tqdm.auto import tqdm
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
@@ -218,10 +216,8 @@ def eviction_study(args: argparse.Namespace, argv: list[str] | None = None) -> d
     rows, dense = [], None
     result = dict(
         suite=LM_EVICTION_SUITE, model=str(args.model),
-        gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
-        transformers=transformers.__version__,
-        command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
-        date=datetime.date.today().isoformat(), **code_version(), complete=False, eval_set=str(eval_set_path(args)),
+        **run_record(args.device, f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:])),
+        complete=False, eval_set=str(eval_set_path(args)),
         documents=len(docs), length=length, prefix=prefix, block_size=args.block_size, context_blocks=blocks,
         sinks=args.sinks, window=args.window, observation=args.observation, seed=args.seed,
         dtype=str(dtype).removeprefix("torch."), policies=list(args.policies),

@@ -16,7 +16,6 @@ selection included). ``sdpa`` (transformers' SDPA with its DynamicCache) and the
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import cli
-from ..provenance import code_version
+from ..provenance import run_record
 from ..schedule import num_blocks
 from ..selection.incremental import INCREMENTAL_SELECTORS
 from .probe import Passkey
@@ -110,8 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def passkey_generation(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """Every configuration (``sdpa``, ``dense``, then each selector at each budget; ``window`` once) on the
     probes of the held-out documents; the results as a dict (and JSON at ``args.out``)."""
-    import triton
-
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
     model = load_model(args.model, args.device, dtype)
     docs = load_documents(eval_set_path(args), args.documents, args.length)
@@ -123,10 +120,8 @@ def passkey_generation(args: argparse.Namespace, argv: list[str] | None = None) 
             for row in passkey_generation_rows(model, probes, attention, budget, args, args.progress)]
     nb = num_blocks(docs.shape[1], args.block_size)
     result = dict(suite=LM_PASSKEY_SUITE, model=str(args.model),
-                  gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
-                  triton=triton.__version__,
-                  command="python -m topo_attn.lm passkey " + " ".join(argv if argv is not None else sys.argv[2:]),
-                  date=datetime.date.today().isoformat(), **code_version(), length=int(docs.shape[1]),
+                  **run_record(args.device, "python -m topo_attn.lm passkey "
+                               + " ".join(argv if argv is not None else sys.argv[2:])), length=int(docs.shape[1]),
                   block_size=args.block_size, sinks=args.sinks, window=args.window, blocks=nb,
                   dtype=str(dtype).removeprefix("torch."), rows=rows, seconds=time.perf_counter() - started)
     if args.out:

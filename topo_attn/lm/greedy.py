@@ -22,7 +22,6 @@ token that differs from the reference's; ``new_tokens`` when none does) and ``id
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import cli
-from ..provenance import code_version
+from ..provenance import run_record
 from .results import LM_GREEDY_SUITE
 from .study import add_common_arguments, check_common_arguments, eval_set_path, load_documents, load_model
 
@@ -96,8 +95,6 @@ def greedy_agreement(args: argparse.Namespace, argv: list[str] | None = None) ->
     """The rows of the module docstring for every prompt length; the results as a dict (and JSON at
     ``args.out``). Raises ``ValueError`` when a prompt and its new tokens exceed the documents or the model's
     positions."""
-    import triton
-
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
     model = load_model(args.model, args.device, dtype)
     docs = load_documents(eval_set_path(args), args.documents, args.length)
@@ -116,10 +113,8 @@ def greedy_agreement(args: argparse.Namespace, argv: list[str] | None = None) ->
             rows.append(dict(prompt_length=length, path=path, sequences=len(first), new_tokens=args.new_tokens,
                              first_difference=first, identical=all(f == args.new_tokens for f in first)))
     result = dict(suite=LM_GREEDY_SUITE, model=str(args.model),
-                  gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
-                  triton=triton.__version__,
-                  command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
-                  date=datetime.date.today().isoformat(), **code_version(), reference=REFERENCE,
+                  **run_record(args.device, f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:])),
+                  reference=REFERENCE,
                   block_size=args.block_size, dtype=str(dtype).removeprefix("torch."), rows=rows,
                   seconds=time.perf_counter() - started)
     if args.out:

@@ -16,7 +16,7 @@ byte by :func:`topo_attn.lm.evaluate.bits_per_byte`, the passkey probe by
 :func:`~topo_attn.lm.evaluate.passkey_scores`), on the same documents and probes.
 
 The JSON (``--out``, e.g. ``data/benchmarks/lm_native_<gpu>.json``; written after every model, ``complete``
-true at the end) holds, besides the GPU, versions, command and commit (:func:`topo_attn.provenance.code_version`)
+true at the end) holds, besides the GPU, versions, command and commit (:func:`topo_attn.provenance.run_record`)
 and the settings (``retrieval_suite``: the suite's probes per cell, tasks, distances, formats and the attentions
 it leaves ``unscored``):
 
@@ -51,7 +51,6 @@ window quest`` and so on.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -59,7 +58,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from .. import cli
-from ..provenance import ROOT, code_version
+from ..provenance import ROOT, run_record
 from . import train as training
 from .corpus import parse_roots
 from .intervals import paired_mean_difference
@@ -269,10 +268,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     decoy_budget = max([b for b in budgets.values() if b] or [0])  # single_needle's decoys outnumber every budget
     base = training.settings_from_args(args, attention="sdpa", budget=None)  # recorded less these two fields
     result = dict(
-        suite=LM_NATIVE_SUITE, gpu=torch.cuda.get_device_name(device) if torch.device(device).type == "cuda"
-        else "cpu", torch=torch.__version__, triton=_version("triton"), transformers=_version("transformers"),
-        command=f"{PROG} " + " ".join(sys.argv[2:] if argv is None else argv),
-        date=datetime.date.today().isoformat(), **code_version(), complete=False,
+        suite=LM_NATIVE_SUITE, **run_record(device, f"{PROG} " + " ".join(sys.argv[2:] if argv is None else argv)),
+        complete=False,
         attentions=list(args.attentions), budgets=budgets, block_size=args.block_size, sinks=args.sinks,
         window=args.window, settings={k: v for k, v in asdict(base).items() if k not in ("attention", "budget")},
         shape=asdict(shape), documents=args.documents, length=args.context, probes=args.probes,
@@ -314,13 +311,6 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     result["complete"] = True
     Path(args.out).write_text(json.dumps(result, indent=1))
     return result
-
-
-def _version(module: str) -> str:
-    """The ``__version__`` of ``module`` (imported here)."""
-    import importlib
-
-    return importlib.import_module(module).__version__
 
 
 def markdown(result: dict) -> str:

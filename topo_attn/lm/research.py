@@ -40,7 +40,6 @@ and for the late rows (query blocks starting at or after half the length).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -53,7 +52,7 @@ import torch
 
 from .. import cli
 from .._checks import check_int, check_qkv
-from ..provenance import code_version
+from ..provenance import run_record
 from ..schedule import num_blocks
 from ..selection import block_scores, schedule_from_scores
 from ..topology import block_centroids
@@ -512,13 +511,10 @@ def research(args: argparse.Namespace, argv: list[str] | None = None,
         parts = document_parts(model, doc, settings)
         recalls.append({layer: layer_recalls(p, {n: lambdas[n][layer] for n in TUNED}, settings)
                         for layer, p in parts.items()})
-    import triton
 
     result = dict(
         suite=LM_RESEARCH_SUITE, model=str(args.model),
-        gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
-        triton=triton.__version__, command="python -m topo_attn.lm research " + " ".join(argv or []),
-        date=datetime.date.today().isoformat(), **code_version(),
+        **run_record(args.device, "python -m topo_attn.lm research " + " ".join(argv or [])),
         settings=dict(asdict(settings), eval_set=str(args.eval_set or Path(args.model) / "eval_set.npz"),
                       eval_documents=len(eval_docs), train_documents=len(train_documents),
                       dtype=str(dtype).removeprefix("torch."), device=args.device),

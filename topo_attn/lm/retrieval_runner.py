@@ -37,7 +37,6 @@ the others), so a run stopped by a time limit keeps what it measured (``--out``;
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 import time
@@ -47,7 +46,7 @@ import numpy as np
 import torch
 
 from .. import cli
-from ..provenance import code_version
+from ..provenance import run_record
 from . import intervals
 from .evaluate import passkey_scores
 from .results import LM_RETRIEVAL_SUITE
@@ -218,7 +217,6 @@ def dense_gate(rows: list[dict]) -> dict:
 def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     """Everything of the module docstring for parsed (and checked) ``args``; the results as a dict (and JSON
     at ``args.out``)."""
-    import triton
     from tqdm.auto import tqdm
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device != "cpu" else torch.float32)
@@ -232,10 +230,8 @@ def retrieval_suite(args: argparse.Namespace, argv: list[str] | None = None) -> 
     started = time.perf_counter()
     header = dict(
         suite=LM_RETRIEVAL_SUITE, model=str(args.model),
-        gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu", torch=torch.__version__,
-        triton=triton.__version__,
-        command=f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:]),
-        date=datetime.date.today().isoformat(), **code_version(), eval_set=str(eval_set_path(args)),
+        **run_record(args.device, f"{PROG} " + " ".join(argv if argv is not None else sys.argv[2:])),
+        eval_set=str(eval_set_path(args)),
         documents=len(docs), length=length, block_size=args.block_size, sinks=args.sinks, window=args.window,
         granularity="token", dtype=str(dtype).removeprefix("torch."), seed=args.seed,
         probes_per_cell=args.probes, tasks=list(args.tasks), distances=distances,

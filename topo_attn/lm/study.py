@@ -37,7 +37,6 @@ until the run completes, so a run stopped by a time limit keeps what it finished
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -53,7 +52,7 @@ import torch
 from .. import cli
 from .._checks import SUPPORTED_DTYPES, check_kernel_block_size
 from ..prefill_speed import COMPILE_MODES, prefill_speed_rows
-from ..provenance import ROOT, code_version
+from ..provenance import ROOT, run_record
 from ..schedule import num_blocks
 from ..selection import full_attention, names, schedule_quality, select
 from .evaluate import bits_per_byte, document_bits_per_byte, passkey_scores, token_losses
@@ -394,10 +393,10 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     args.length = docs.shape[1]
     started = time.perf_counter()
     result = dict(
-        suite=LM_SUITE, model=str(args.model), gpu=torch.cuda.get_device_name() if args.device != "cpu" else "cpu",
-        torch=torch.__version__, triton=_triton_version(), command="python -m topo_attn.lm evaluate " +
-        " ".join(argv if argv is not None else sys.argv[2:]), date=datetime.date.today().isoformat(),
-        **code_version(), documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
+        suite=LM_SUITE, model=str(args.model),
+        **run_record(args.device, "python -m topo_attn.lm evaluate " + " ".join(argv if argv is not None
+                                                                                else sys.argv[2:])),
+        documents=len(docs), length=args.length, block_size=args.block_size, sinks=args.sinks,
         window=args.window, strict=args.strict, per_query_head=args.per_query_head, granularity=args.granularity,
         dense_layers=list(args.dense_layers),
         dtype=str(dtype).removeprefix("torch."),
@@ -436,12 +435,6 @@ def evaluate(args: argparse.Namespace, argv: list[str] | None = None) -> dict:
     result["seconds"] = time.perf_counter() - started
     keep(None)
     return result
-
-
-def _triton_version() -> str:
-    import triton
-
-    return triton.__version__
 
 
 def build_parser(add_help: bool = True) -> argparse.ArgumentParser:

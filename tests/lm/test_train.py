@@ -185,6 +185,21 @@ def test_stop_after_ends_the_run_early_on_the_full_schedule(roots, tmp_path):
     assert steps[2]["lr"] != pytest.approx(train.learning_rate(2, dataclasses.replace(settings, steps=3)))
 
 
+def test_a_stop_by_the_clock_says_the_schedule_was_not_finished(roots, tmp_path, capsys):
+    """--max-minutes stops the run but keeps the --steps schedule: the stop is logged with the learning rate
+    it ended at, the summary records it, and stderr says that --steps sets the schedule."""
+    settings = dataclasses.replace(SETTINGS, steps=50, warmup=1, eval_every=100, max_minutes=1e-9)
+    summary = train.train(tmp_path / "clock", settings, SHAPE, device="cpu", roots=roots, progress=False)
+    stopped = [r for r in read_log(tmp_path / "clock") if r["event"] == "stopped"][0]
+    assert stopped["step"] == 0 and stopped["reason"] == "max_minutes=1e-09 reached"
+    assert stopped["lr"] == pytest.approx(train.learning_rate(0, settings)) and stopped["schedule_steps"] == 50
+    assert summary["steps"] == 1 and summary["schedule_steps"] == 50
+    assert summary["last_lr"] == pytest.approx(settings.lr)  # the warm-up's one step: the full rate
+    err = capsys.readouterr().err
+    assert "stopped after step 0: max_minutes=1e-09 reached" in err
+    assert "1 of the schedule's 50 steps" in err and "--steps sets the schedule's length" in err
+
+
 def weights(folder) -> dict:
     return {k: v.float() for k, v in LlamaForCausalLM.from_pretrained(folder).state_dict().items()}
 

@@ -63,6 +63,9 @@ class TrainSettings:
     ``stop_after``: stop after this many steps all the same (None: run them all); ``max_minutes``: stop after
     the first step that ends past this training time (the committed model was trained with ``steps=4000,
     max_minutes=6.3`` and stopped after 3358 steps; ``stop_after=3358`` repeats that length without the clock).
+    Neither shortens the schedule: a run they stop early ends at a higher learning rate (its log's ``stopped``
+    and ``final`` events record ``lr`` / ``last_lr`` and ``schedule_steps``; a stop by the clock says so on
+    stderr).
 
     Copy content (:func:`training_batch`): ``copy_fraction``, a number in [0, 1], is the share of training
     windows that get copy content (:func:`.training_copies.copy_window`: retrieval probes in the training
@@ -371,8 +374,13 @@ OPTION_HELP = {
     "eval_documents": "documents of the evaluation set, one window per validation file (default %(default)s)",
     "init": "a model folder of an earlier run to continue training from (its weights; a fresh optimizer and "
             "schedule; same shape, context, corpus and seed)",
+    "steps": "the length of the learning-rate schedule (warm-up, then cosine decay to 10%% at its end; "
+             "default %(default)s)",
+    "stop_after": "stop after this many steps, on the same schedule",
+    "max_minutes": "stop after the first step that ends past this many minutes of training; the schedule keeps "
+                   "its --steps, so set --steps to the steps that fit to end annealed",
 }
-"""The help of the command-line options of the attention, copy-content and evaluation-set fields of
+"""The help of the command-line options of the schedule, attention, copy-content and evaluation-set fields of
 :class:`TrainSettings`."""
 
 
@@ -561,8 +569,13 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         if settings.stop_after is not None and step + 1 >= settings.stop_after and step + 1 < settings.steps:
             reason = f"stop_after={settings.stop_after} reached"
         if reason:
-            _log(log_path, dict(event="stopped", step=step, reason=reason))
+            lr = learning_rate(step, settings)
+            _log(log_path, dict(event="stopped", step=step, reason=reason, lr=lr, schedule_steps=settings.steps))
             print(f"stopped after step {step}: {reason}", file=sys.stderr)
+            if reason.startswith("max_minutes"):
+                print(f"the learning rate was still {lr:.3g} ({lr / settings.lr:.0%} of lr), {step + 1} of the "
+                      f"schedule's {settings.steps} steps: --steps sets the schedule's length (it decays to 10% "
+                      f"at its end), --max-minutes only stops the run", file=sys.stderr)
             break
     bar.close()
     synchronize()
@@ -587,7 +600,8 @@ def train(out_dir: str | Path, settings: TrainSettings = TrainSettings(), shape:
         entry["loss"] += row["loss"]
     for entry in retrieval.values():
         entry["loss"] /= entry["probes"]
-    summary = dict(event="final", steps=step + 1, bytes=seen, seconds=time.perf_counter() - started,
+    summary = dict(event="final", steps=step + 1, schedule_steps=settings.steps, last_lr=learning_rate(step, settings),
+                   bytes=seen, seconds=time.perf_counter() - started,
                    train_seconds=train_seconds, first_step_seconds=first_step, attention=settings.attention,
                    budget=attention_budget(settings), visited_fraction=visited,
                    bits_per_byte=final, passkey={str(k): v for k, v in retrieval.items()},

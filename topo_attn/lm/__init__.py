@@ -9,6 +9,7 @@ the same selectors), ``study``
 (``python -m topo_attn.lm evaluate``: every selector at several budgets), ``token_attention`` (per-token
 selection), ``research`` (topology-aware selector ideas), ``generation`` (``python -m topo_attn.lm passkey``: the
 passkey probe answered by ``generate()`` through the decode path), ``retrieval`` (RULER-style probes),
+``value_confusion`` (which value of a key a model looks up in ``multi_value``),
 ``intervals`` (95% intervals), ``retrieval_runner`` (``python -m topo_attn.lm retrieval``: the retrieval suite
 scored per task, distance and attention), ``evicted_model`` (a model scored with its key/value cache evicted by a
 policy of :mod:`topo_attn.eviction`), ``eviction_runner`` (``python -m topo_attn.lm eviction``: the eviction policies

@@ -54,6 +54,14 @@ def test_run_record_is_the_header_of_a_result(tmp_path):
     assert elsewhere["commit"] is None and "not in a git checkout" in elsewhere["commit_source"]
 
 
+@pytest.mark.cuda
+def test_run_record_names_the_gpu_of_a_cuda_device():
+    import torch
+
+    for device in ("cuda", torch.device("cuda", torch.cuda.current_device())):
+        assert provenance.run_record(device, "x")["gpu"] == torch.cuda.get_device_name()
+
+
 def test_code_version_names_the_commit_and_uncommitted_changes(tmp_path):
     repo = tmp_path / "repo"
     (repo / "topo_attn").mkdir(parents=True)

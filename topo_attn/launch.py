@@ -36,7 +36,6 @@ INTERPRETED: bool = isinstance(_probe, InterpretedFunction)
 """True when ``TRITON_INTERPRET=1`` was set before triton was imported: the kernels then run on the CPU."""
 
 
-
 def _release(version: str) -> tuple[int, int]:
     major, minor = re.match(r"(\d+)\.(\d+)", version).groups()
     return int(major), int(minor)

@@ -39,8 +39,8 @@ class Fixed(torch.nn.Module):
 
 
 class OneHot(torch.nn.Module):
-    """Certain of one byte per position: the true next byte (``repeat_first=False``) or, everywhere, the first
-    byte of the probe's first value."""
+    """Certain of one byte per position: the true next byte (``first=None``) or, everywhere, the byte ``first``
+    (the first byte of a probe's first value)."""
 
     def __init__(self, first: int | None = None):
         super().__init__()

@@ -132,10 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: the benchmark runner needs a CUDA GPU; committed results are in data/benchmarks/",
               file=sys.stderr)
         return 2
-    import triton
-
-    gpu = torch.cuda.get_device_name()
-    print(f"{gpu}, torch {torch.__version__}, triton {triton.__version__}", file=sys.stderr)
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
+    header = run_record("cuda", command.strip())  # the code as the run starts
+    gpu = header["gpu"]
+    print(f"{gpu}, torch {header['torch']}, triton {header['triton']}", file=sys.stderr)
 
     def run_case(case: Case) -> dict | list[dict]:
         if args.suite == "build":
@@ -173,9 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
     tables = {"build": build_markdown, "train": train_markdown, "select": select_markdown, "model": model_markdown,
               "decode": decode_markdown, "generate": generate_markdown, "step": step_markdown, "host": host_markdown}
-    given = argv if argv is not None else sys.argv[1:]
-    command = "python -m topo_attn.bench " + " ".join(a for a in given if a not in DISPLAY_FLAGS)
-    header = run_record("cuda", command.strip())  # the code as the run starts
     slug = gpu.replace("NVIDIA ", "").replace(" ", "-").lower()
     out = args.out or RESULTS_DIR / f"{args.suite}_{slug}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

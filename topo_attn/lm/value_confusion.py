@@ -15,11 +15,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .retrieval import FORMATS, RetrievalProbe
+from .retrieval import RetrievalProbe
 
 
-def _values(probe: RetrievalProbe) -> list[bytes]:
-    return probe.answer.split(FORMATS["multi_value"][probe.format].sep.encode())
+def _firsts(probe: RetrievalProbe) -> list[int]:
+    """The first byte of each value of ``probe``'s answer: the answer bytes at its lookups."""
+    return probe.ids[probe.targets[probe.lookups]].tolist()
 
 
 def value_confusion(model, probes: Sequence[RetrievalProbe]) -> dict:
@@ -44,7 +45,7 @@ def value_confusion(model, probes: Sequence[RetrievalProbe]) -> dict:
     tasks = sorted({p.task for p in probes} - {"multi_value"})
     if tasks:
         raise ValueError(f"probes must all be multi_value probes, got tasks {tasks}")
-    counts = sorted({len(_values(p)) for p in probes})
+    counts = sorted({len(p.lookups) for p in probes})
     if len(counts) > 1:
         raise ValueError(f"probes must all have the same number of values, got {counts}")
     v = counts[0]
@@ -55,7 +56,7 @@ def value_confusion(model, probes: Sequence[RetrievalProbe]) -> dict:
             ids = torch.from_numpy(probe.ids.astype(np.int64))[None].to(device)
             at = torch.from_numpy(probe.targets[probe.lookups] - 1).to(device)
             prob = torch.softmax(model(ids).logits[0, at].double(), -1).cpu().numpy()  # [V, 256]
-            firsts = [value[0] for value in _values(probe)]
+            firsts = _firsts(probe)
             for k in range(v):
                 for j in range(v):
                     if j == k or firsts[j] != firsts[k]:

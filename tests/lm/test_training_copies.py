@@ -15,7 +15,7 @@ from helpers import write_corpus
 
 from topo_attn.lm import corpus, retrieval, train
 from topo_attn.lm.train import TrainSettings
-from topo_attn.lm.training_copies import MIN_SEGMENT, copy_window, segment_lengths, training_options
+from topo_attn.lm.training_copies import MIN_SEGMENT, copy_window, segment_lengths, task_weights, training_options
 
 NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 HELD_OUT_SYNTAX = {
@@ -238,6 +238,14 @@ def test_training_loss_weights_the_lookup_bytes_only():
     (dict(lookup_weight=float("inf")), ValueError, "lookup_weight must be a finite number"),
     (dict(lookup_weight=float("nan")), ValueError, "lookup_weight must be a finite number"),
     (dict(lookup_weight="8"), TypeError, "lookup_weight must be a finite number"),
+    (dict(copy_tasks="multi_value"), ValueError, "copy_tasks must be TASK=WEIGHT pairs.*got 'multi_value'"),
+    (dict(copy_tasks="multi_values=2"), ValueError, "copy_tasks must be TASK=WEIGHT"),
+    (dict(copy_tasks="multi_value=-1"), ValueError, "copy_tasks must be TASK=WEIGHT"),
+    (dict(copy_tasks="multi_value=inf"), ValueError, "copy_tasks must be TASK=WEIGHT"),
+    (dict(copy_tasks="multi_value=x"), ValueError, "copy_tasks must be TASK=WEIGHT"),
+    (dict(copy_tasks="multi_value=1,multi_value=2"), ValueError, "copy_tasks must be TASK=WEIGHT"),
+    (dict(copy_tasks=",".join(f"{t}=0" for t in retrieval.TASKS)), ValueError, "copy_tasks must leave some task"),
+    (dict(copy_tasks=3), TypeError, "copy_tasks must be a string"),
 ])
 def test_copy_settings_are_checked(bad, error, text):
     with pytest.raises(error, match=text):
@@ -247,3 +255,53 @@ def test_copy_settings_are_checked(bad, error, text):
     for good in (0.0, 0.25, 1, 1.0):
         train.check_settings(TrainSettings(copy_fraction=good))
         train.check_settings(TrainSettings(lookup_weight=good * 10))
+
+
+def test_task_weights_parse_to_probabilities():
+    tasks = list(retrieval.TASKS)
+    assert task_weights(None) is None
+    weights = task_weights("multi_value=3, variable_tracking=0")
+    expected = np.array([0.0 if t == "variable_tracking" else 3.0 if t == "multi_value" else 1.0 for t in tasks])
+    assert np.allclose(weights, expected / expected.sum())
+    only = task_weights(",".join(f"{t}={int(t == 'multi_key')}" for t in tasks))
+    assert only.tolist() == [float(t == "multi_key") for t in tasks]
+
+
+def test_copy_window_draws_the_tasks_by_their_weights(stream):
+    """A weight of 0 never draws its task; the uniform draw (no weights) is the one before weights existed,
+    draw for draw; and the weighted shares follow the weights."""
+    def count(weights, seed):
+        rng, found = np.random.default_rng(seed), []
+        for _ in range(60):
+            start = int(rng.integers(0, len(stream) - 4098))
+            found += [p.task for p in copy_window(stream[start:start + 4098], 2049, rng, 4, weights).probes]
+        return found
+
+    only = task_weights("multi_value=1," + ",".join(f"{t}=0" for t in retrieval.TASKS if t != "multi_value"))
+    assert set(count(only, 0)) == {"multi_value"}
+    uniform = [w.probes for w in windows(stream, 30, 2049, 4, seed=3)]
+    rng = np.random.default_rng(3)
+    replay = []
+    for _ in range(30):
+        start = int(rng.integers(0, len(stream) - 2 * 2049))
+        replay.append(copy_window(stream[start:start + 2 * 2049], 2049, rng, 4, None).probes)
+    assert [[p.ids.tobytes() for p in w] for w in uniform] == [[p.ids.tobytes() for p in w] for w in replay]
+    skewed = count(task_weights("multi_value=6"), 1)  # multi_value 6/10 of the draws that fit
+    share = skewed.count("multi_value") / len(skewed)
+    assert len(skewed) >= 100 and 0.45 <= share <= 0.75, (len(skewed), share)
+    assert set(skewed) == set(retrieval.TASKS)
+
+
+def test_training_batch_uses_the_task_weights(stream):
+    settings = TrainSettings(context=1024, batch=8, copy_fraction=1.0, max_copies=3, copy_tasks="multi_key=1,"
+                             + ",".join(f"{t}=0" for t in retrieval.TASKS if t != "multi_key"))
+    rng = np.random.default_rng(7)
+    batch = train.training_batch(stream, settings, rng)
+    replay = np.random.default_rng(7)
+    starts = replay.integers(0, len(stream) - 1025, 8)
+    for i, start in enumerate(starts.tolist()):
+        assert replay.random() < 1.0
+        copies = int(replay.integers(1, 4))
+        window = copy_window(stream[start:start + 2050], 1025, replay, copies, task_weights(settings.copy_tasks))
+        assert {p.task for p in window.probes} <= {"multi_key"}
+        assert np.array_equal(window.ids, batch.ids[i].numpy().astype(np.uint8))

@@ -39,7 +39,7 @@ from .corpus import (EVAL_FILES, MIN_PACKAGES, SEPARATOR, build_eval_set, find_s
 from .evaluate import bits_per_byte, passkey_scores, token_losses
 from .init_weights import batch_seed, check_folder, load_init
 from .probe import passkey_document
-from .training_copies import copy_window
+from .training_copies import copy_window, task_weights
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,9 @@ class TrainSettings:
     Copy content (:func:`training_batch`): ``copy_fraction``, a number in [0, 1], is the share of training
     windows that get copy content (:func:`.training_copies.copy_window`: retrieval probes in the training
     formats of every task of :mod:`.retrieval`); each such window holds 1 to ``max_copies`` (at least 1) of
-    them, the number drawn uniformly. ``eval_documents``: the documents of the evaluation set, one per
+    them, the number drawn uniformly; ``copy_tasks`` (None: every task equally often) weighs the tasks drawn,
+    ``"TASK=WEIGHT,..."`` (:func:`.training_copies.task_weights`; a task it does not name weighs 1).
+    ``eval_documents``: the documents of the evaluation set, one per
     validation file (:func:`eval_packages` says how many packages they must span; default
     :data:`.corpus.EVAL_FILES`).
 
@@ -102,6 +104,7 @@ class TrainSettings:
     weight_decay: float = 0.1
     copy_fraction: float = 0.5
     max_copies: int = 4
+    copy_tasks: str | None = None
     lookup_weight: float = 1.0
     eval_every: int = 500
     eval_documents: int = EVAL_FILES
@@ -164,18 +167,18 @@ class TrainingBatch:
 def training_batch(stream: np.ndarray, settings: TrainSettings, rng: np.random.Generator) -> TrainingBatch:
     """Random windows of ``stream`` (``uint8``, longer than ``context + 1``) of ``context + 1`` bytes, each,
     with probability ``copy_fraction``, replaced by a window of copy content
-    (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes) built into the ``2 * (context + 1)``
+    (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes, tasks weighed by ``copy_tasks``) built into the ``2 * (context + 1)``
     bytes of ``stream`` from the same start (fewer at the stream's end), with the copy content's lookup bytes
     marked. Everything is drawn from ``rng``."""
     length = settings.context + 1
     starts = rng.integers(0, len(stream) - length, settings.batch)
-    rows = []
+    rows, weights = [], task_weights(settings.copy_tasks)
     lookups = np.zeros((settings.batch, settings.context), bool)
     for i, start in enumerate(starts):
         row = stream[start:start + length]
         if rng.random() < settings.copy_fraction:
             copies = int(rng.integers(1, settings.max_copies + 1))
-            window = copy_window(stream[start:start + 2 * length], length, rng, copies)
+            window = copy_window(stream[start:start + 2 * length], length, rng, copies, weights)
             row = window.ids
             lookups[i, window.lookup_positions - 1] = True  # a target at p is predicted at p - 1 (p >= 1)
         rows.append(row)
@@ -242,7 +245,7 @@ def _log(path: Path, record: dict) -> None:
 
 def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
     """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1
-    (``max_copies`` included), a context too short for the passkey probe, a ``copy_fraction`` that is not a
+    (``max_copies`` included), a ``copy_tasks`` that :func:`.training_copies.task_weights` refuses, a context too short for the passkey probe, a ``copy_fraction`` that is not a
     number in [0, 1], an attention outside :data:`ATTENTIONS`, a block size that is not a power of two >= 16,
     negative sinks, window or budget, a budget given to an attention that adds no blocks, an ``init`` that is not
     a model folder with its evaluation set (:func:`.init_weights.check_folder`). ``label(field)`` is
@@ -256,6 +259,7 @@ def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -
     if settings.stop_after is not None:
         check_int(label("stop_after"), settings.stop_after, 1)
     check_int(label("max_copies"), settings.max_copies, 1)
+    task_weights(settings.copy_tasks, label("copy_tasks"))
     weight = settings.lookup_weight
     if isinstance(weight, bool) or not isinstance(weight, Real):
         raise TypeError(f"{label('lookup_weight')} must be a finite number >= 0, got {type(weight).__name__}")
@@ -354,7 +358,7 @@ def option(field: str) -> str:
     return f"--{field.replace('_', '-')}"
 
 
-OPTION_TYPES = {"max_minutes": float, "stop_after": int, "budget": int, "init": str}
+OPTION_TYPES = {"max_minutes": float, "stop_after": int, "budget": int, "init": str, "copy_tasks": str}
 """The command-line types of the :class:`TrainSettings` fields whose default is None (the others: the default's
 type)."""
 
@@ -369,6 +373,8 @@ OPTION_HELP = {
     "copy_fraction": "share of training windows with copy content: retrieval probes in the training formats "
                      "of every task (0 to 1; default %(default)s)",
     "max_copies": "the most retrieval probes in a window with copy content (1 to this many; default %(default)s)",
+    "copy_tasks": "weights of the retrieval tasks in the copy content, TASK=WEIGHT pairs joined by commas (e.g. "
+                  "multi_value=3; a task not named weighs 1; default: every task equally often)",
     "lookup_weight": "loss weight of the copy content's lookup bytes (the answer bytes that start a value, found "
                      "by their key); every other byte weighs 1 (default %(default)s: the plain loss)",
     "eval_documents": "documents of the evaluation set, one window per validation file (default %(default)s)",

@@ -4,7 +4,7 @@ only, built into real training text so that the model learns to copy and retriev
 A window with copy content (:func:`copy_window`) is cut into 1 to ``copies`` consecutive segments of at least
 :data:`MIN_SEGMENT` bytes (fewer when the window is short). Each segment is one probe of
 :data:`~topo_attn.lm.retrieval.TASKS` (``single_needle``, ``plain_needle``, ``multi_key``, ``multi_value``,
-``variable_tracking``), drawn uniformly, in one of the task's training formats
+``variable_tracking``), drawn uniformly or by the weights given (:func:`task_weights`), in one of the task's training formats
 (:func:`~topo_attn.lm.retrieval.training_formats`, drawn uniformly; a held-out format is never used), with the
 task's counts drawn by :func:`training_options` and a distance drawn uniformly from ``[MIN_DISTANCE,
 len(segment) - MIN_DISTANCE]``, built by the task's own generator into the segment's part of the filler: key-value
@@ -17,6 +17,7 @@ most :data:`DRAWS` times; a segment whose draws all fail stays plain filler (rep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,35 @@ MIN_DISTANCE = 16
 
 DRAWS = 8
 """Draws of task, format, counts and distance per segment before it is left plain."""
+
+def task_weights(spec: str | None, name: str = "weights") -> np.ndarray | None:
+    """The probabilities of the tasks of :data:`~topo_attn.lm.retrieval.TASKS` (in its order) that ``spec``
+    asks for: ``"TASK=WEIGHT,TASK=WEIGHT"``, a finite weight >= 0 per named task, 1 for each task it does not
+    name (``"multi_value=3"``: ``multi_value`` three times as often as each other task); None for None (every
+    task equally often). Raises ``TypeError`` / ``ValueError`` naming ``name`` for a ``spec`` that is not a
+    string of that form, names a task twice or one outside ``TASKS``, or leaves every weight 0."""
+    if spec is None:
+        return None
+    form = f"TASK=WEIGHT pairs joined by commas, TASK one of {', '.join(TASKS)}, WEIGHT a finite number >= 0"
+    if not isinstance(spec, str):
+        raise TypeError(f"{name} must be a string of {form}, got {type(spec).__name__}")
+    weights = dict.fromkeys(TASKS, 1.0)
+    named = set()
+    for pair in spec.split(","):
+        task, sep, value = (part.strip() for part in pair.partition("="))
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or task not in TASKS or task in named or not 0 <= weight < math.inf:
+            raise ValueError(f"{name} must be {form}, got {spec!r}")
+        weights[task] = weight
+        named.add(task)
+    total = sum(weights.values())
+    if total == 0:
+        raise ValueError(f"{name} must leave some task a weight above 0, got {spec!r}")
+    return np.array([weights[task] / total for task in TASKS])
+
 
 BYTES_PER_LINE = 256
 """Room per inserted line: a segment of ``L`` bytes gets at most ``max(1, L // BYTES_PER_LINE)`` lines of each
@@ -101,7 +131,8 @@ def segment_lengths(length: int, copies: int, rng: np.random.Generator) -> np.nd
     return np.diff(np.concatenate([[0], cuts, [spare]])).astype(np.int64) + MIN_SEGMENT
 
 
-def copy_window(filler: np.ndarray, length: int, rng: np.random.Generator, copies: int = 1) -> CopyWindow:
+def copy_window(filler: np.ndarray, length: int, rng: np.random.Generator, copies: int = 1,
+                weights: np.ndarray | None = None) -> CopyWindow:
     """A window of ``length`` bytes with copy content (see the module docstring) built into ``filler``.
 
     Parameters
@@ -116,6 +147,9 @@ def copy_window(filler: np.ndarray, length: int, rng: np.random.Generator, copie
         Draws everything (segments, tasks, formats, counts, distances, and what the generators draw).
     copies : int
         The most segments (probes) in the window, at least 1.
+    weights : numpy.ndarray, optional
+        The probability of each task of :data:`~topo_attn.lm.retrieval.TASKS`, in its order, as
+        :func:`task_weights` returns them; None (the default) draws every task equally often.
 
     Returns
     -------
@@ -140,7 +174,7 @@ def copy_window(filler: np.ndarray, length: int, rng: np.random.Generator, copie
         part = filler[offset * len(filler) // length:(offset + size) * len(filler) // length]
         probe = None
         for _ in range(DRAWS):
-            task = tasks[int(rng.integers(len(tasks)))]
+            task = tasks[int(rng.integers(len(tasks)) if weights is None else rng.choice(len(tasks), p=weights))]
             formats = training_formats(task)
             fmt = formats[int(rng.integers(len(formats)))]
             options = training_options(task, size, rng)

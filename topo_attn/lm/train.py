@@ -167,9 +167,9 @@ class TrainingBatch:
 def training_batch(stream: np.ndarray, settings: TrainSettings, rng: np.random.Generator) -> TrainingBatch:
     """Random windows of ``stream`` (``uint8``, longer than ``context + 1``) of ``context + 1`` bytes, each,
     with probability ``copy_fraction``, replaced by a window of copy content
-    (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes, tasks weighed by ``copy_tasks``) built into the ``2 * (context + 1)``
-    bytes of ``stream`` from the same start (fewer at the stream's end), with the copy content's lookup bytes
-    marked. Everything is drawn from ``rng``."""
+    (:func:`.training_copies.copy_window` with 1 to ``max_copies`` probes, tasks weighed by ``copy_tasks``)
+    built into the ``2 * (context + 1)`` bytes of ``stream`` from the same start (fewer at the stream's end),
+    with the copy content's lookup bytes marked. Everything is drawn from ``rng``."""
     length = settings.context + 1
     starts = rng.integers(0, len(stream) - length, settings.batch)
     rows, weights = [], task_weights(settings.copy_tasks)
@@ -245,11 +245,12 @@ def _log(path: Path, record: dict) -> None:
 
 def check_settings(settings: TrainSettings, label: Callable[[str], str] = str) -> None:
     """Raise ``ValueError`` / ``TypeError`` for settings :func:`train` cannot run with: a count below 1
-    (``max_copies`` included), a ``copy_tasks`` that :func:`.training_copies.task_weights` refuses, a context too short for the passkey probe, a ``copy_fraction`` that is not a
-    number in [0, 1], an attention outside :data:`ATTENTIONS`, a block size that is not a power of two >= 16,
-    negative sinks, window or budget, a budget given to an attention that adds no blocks, an ``init`` that is not
-    a model folder with its evaluation set (:func:`.init_weights.check_folder`). ``label(field)`` is
-    how a message names a field (e.g. its command-line option)."""
+    (``max_copies`` included), a ``copy_tasks`` that :func:`.training_copies.task_weights` refuses, a context
+    too short for the passkey probe, a ``copy_fraction`` that is not a number in [0, 1], an attention outside
+    :data:`ATTENTIONS`, a block size that is not a power of two >= 16, negative sinks, window or budget, a budget
+    given to an attention that adds no blocks, an ``init`` that is not a model folder with its evaluation set
+    (:func:`.init_weights.check_folder`). ``label(field)`` is how a message names a field (e.g. its command-line
+    option)."""
     for name in ("context", "batch", "steps", "warmup", "eval_every", "eval_documents", "log_every"):
         check_int(label(name), getattr(settings, name), 1)
     try:

@@ -4,9 +4,9 @@ only, built into real training text so that the model learns to copy and retriev
 A window with copy content (:func:`copy_window`) is cut into 1 to ``copies`` consecutive segments of at least
 :data:`MIN_SEGMENT` bytes (fewer when the window is short). Each segment is one probe of
 :data:`~topo_attn.lm.retrieval.TASKS` (``single_needle``, ``plain_needle``, ``multi_key``, ``multi_value``,
-``variable_tracking``), drawn uniformly or by the weights given (:func:`task_weights`), in one of the task's training formats
-(:func:`~topo_attn.lm.retrieval.training_formats`, drawn uniformly; a held-out format is never used), with the
-task's counts drawn by :func:`training_options` and a distance drawn uniformly from ``[MIN_DISTANCE,
+``variable_tracking``), drawn uniformly or by the weights given (:func:`task_weights`), in one of the task's
+training formats (:func:`~topo_attn.lm.retrieval.training_formats`, drawn uniformly; a held-out format is never
+used), with the task's counts drawn by :func:`training_options` and a distance drawn uniformly from ``[MIN_DISTANCE,
 len(segment) - MIN_DISTANCE]``, built by the task's own generator into the segment's part of the filler: key-value
 lines, multi-key blocks, repeated keys and assignment chains, then the question and its answer at the segment's
 end, the answer's bytes a copy of a value ``distance`` bytes earlier (``multi_value``: its first value). A draw

@@ -40,11 +40,12 @@ def stream(tmp_path_factory) -> np.ndarray:
     return data
 
 
-def windows(stream: np.ndarray, count: int, length: int, copies: int, seed: int = 0):
+def windows(stream: np.ndarray, count: int, length: int, copies: int, seed: int = 0, *weights):
+    """``count`` seeded windows (``weights``, when given, passed on to ``copy_window``)."""
     rng = np.random.default_rng(seed)
     for _ in range(count):
         start = int(rng.integers(0, len(stream) - 2 * length))
-        yield copy_window(stream[start:start + 2 * length], length, rng, copies)
+        yield copy_window(stream[start:start + 2 * length], length, rng, copies, *weights)
 
 
 @pytest.fixture(scope="module")
@@ -271,21 +272,14 @@ def test_copy_window_draws_the_tasks_by_their_weights(stream):
     """A weight of 0 never draws its task; the uniform draw (no weights) is the one before weights existed,
     draw for draw; and the weighted shares follow the weights."""
     def count(weights, seed):
-        rng, found = np.random.default_rng(seed), []
-        for _ in range(60):
-            start = int(rng.integers(0, len(stream) - 4098))
-            found += [p.task for p in copy_window(stream[start:start + 4098], 2049, rng, 4, weights).probes]
-        return found
+        return [p.task for window in windows(stream, 60, 2049, 4, seed, weights) for p in window.probes]
+
+    def texts(*weights):
+        return [[p.ids.tobytes() for p in window.probes] for window in windows(stream, 30, 2049, 4, 3, *weights)]
 
     only = task_weights("multi_value=1," + ",".join(f"{t}=0" for t in retrieval.TASKS if t != "multi_value"))
     assert set(count(only, 0)) == {"multi_value"}
-    uniform = [w.probes for w in windows(stream, 30, 2049, 4, seed=3)]
-    rng = np.random.default_rng(3)
-    replay = []
-    for _ in range(30):
-        start = int(rng.integers(0, len(stream) - 2 * 2049))
-        replay.append(copy_window(stream[start:start + 2 * 2049], 2049, rng, 4, None).probes)
-    assert [[p.ids.tobytes() for p in w] for w in uniform] == [[p.ids.tobytes() for p in w] for w in replay]
+    assert texts() == texts(None)
     skewed = count(task_weights("multi_value=6"), 1)  # multi_value 6/10 of the draws that fit
     share = skewed.count("multi_value") / len(skewed)
     assert len(skewed) >= 100 and 0.45 <= share <= 0.75, (len(skewed), share)

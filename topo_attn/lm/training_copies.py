@@ -35,35 +35,6 @@ MIN_DISTANCE = 16
 DRAWS = 8
 """Draws of task, format, counts and distance per segment before it is left plain."""
 
-def task_weights(spec: str | None, name: str = "weights") -> np.ndarray | None:
-    """The probabilities of the tasks of :data:`~topo_attn.lm.retrieval.TASKS` (in its order) that ``spec``
-    asks for: ``"TASK=WEIGHT,TASK=WEIGHT"``, a finite weight >= 0 per named task, 1 for each task it does not
-    name (``"multi_value=3"``: ``multi_value`` three times as often as each other task); None for None (every
-    task equally often). Raises ``TypeError`` / ``ValueError`` naming ``name`` for a ``spec`` that is not a
-    string of that form, names a task twice or one outside ``TASKS``, or leaves every weight 0."""
-    if spec is None:
-        return None
-    form = f"TASK=WEIGHT pairs joined by commas, TASK one of {', '.join(TASKS)}, WEIGHT a finite number >= 0"
-    if not isinstance(spec, str):
-        raise TypeError(f"{name} must be a string of {form}, got {type(spec).__name__}")
-    weights = dict.fromkeys(TASKS, 1.0)
-    named = set()
-    for pair in spec.split(","):
-        task, sep, value = (part.strip() for part in pair.partition("="))
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not sep or task not in TASKS or task in named or not 0 <= weight < math.inf:
-            raise ValueError(f"{name} must be {form}, got {spec!r}")
-        weights[task] = weight
-        named.add(task)
-    total = sum(weights.values())
-    if total == 0:
-        raise ValueError(f"{name} must leave some task a weight above 0, got {spec!r}")
-    return np.array([weights[task] / total for task in TASKS])
-
-
 BYTES_PER_LINE = 256
 """Room per inserted line: a segment of ``L`` bytes gets at most ``max(1, L // BYTES_PER_LINE)`` lines of each
 kind that :func:`training_options` counts."""
@@ -118,6 +89,35 @@ def training_options(task: str, length: int, rng: np.random.Generator) -> dict:
     if task == "multi_value":
         return dict(values=upto(2, 4), decoys=upto(0, 8), value_len=int(rng.integers(4, 13)))
     return dict(hops=upto(1, 4), decoy_chains=int(rng.integers(0, 2)))
+
+
+def task_weights(spec: str | None, name: str = "weights") -> np.ndarray | None:
+    """The probabilities of the tasks of :data:`~topo_attn.lm.retrieval.TASKS` (in its order) that ``spec``
+    asks for: ``"TASK=WEIGHT,TASK=WEIGHT"``, a finite weight >= 0 per named task, 1 for each task it does not
+    name (``"multi_value=3"``: ``multi_value`` three times as often as each other task); None for None (every
+    task equally often). Raises ``TypeError`` / ``ValueError`` naming ``name`` for a ``spec`` that is not a
+    string of that form, names a task twice or one outside ``TASKS``, or leaves every weight 0."""
+    if spec is None:
+        return None
+    form = f"TASK=WEIGHT pairs joined by commas, TASK one of {', '.join(TASKS)}, WEIGHT a finite number >= 0"
+    if not isinstance(spec, str):
+        raise TypeError(f"{name} must be a string of {form}, got {type(spec).__name__}")
+    weights = dict.fromkeys(TASKS, 1.0)
+    named = set()
+    for pair in spec.split(","):
+        task, sep, value = (part.strip() for part in pair.partition("="))
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or task not in TASKS or task in named or not 0 <= weight < math.inf:
+            raise ValueError(f"{name} must be {form}, got {spec!r}")
+        weights[task] = weight
+        named.add(task)
+    total = sum(weights.values())
+    if total == 0:
+        raise ValueError(f"{name} must leave some task a weight above 0, got {spec!r}")
+    return np.array([weights[task] / total for task in TASKS])
 
 
 def segment_lengths(length: int, copies: int, rng: np.random.Generator) -> np.ndarray:
